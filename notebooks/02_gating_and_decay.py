@@ -300,12 +300,11 @@ viz.show(gates.plot_half_lives(
 # channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f = 0$ token lies
 # within the tokens drawn). That needs $b < 0$: $\sigma$ is convex below its midpoint and concave
 # above it, so a symmetric input raises the safe gate's mean rate where $b < 0$ and lowers it
-# where $b > 0$. Move $b$ above 0 and the order reverses: at $b = +1$, $g_{\min} = -0.1$ (same
-# $a_h$) the median channel halves no sooner than a channel with $\mathbf f = 0$ (printed;
-# asserted), and at the default spread the mean rate is below the rate at $\mathbf f = 0$
-# (printed). Random inputs raise the softplus gate's mean rate at every $b$ (it is convex
-# everywhere). The proofs, and counts over fresh draws of $\mathbf f$ on both sides: the notebook
-# notes.
+# where $b > 0$. Move $b$ above 0 and the mean rate's order reverses: at $b = +1$, $g_{\min} =
+# -0.1$ (same $a_h$) the median channel halves no sooner than a channel with $\mathbf f = 0$
+# (printed; asserted), and at the page's input std (1) the mean rate is below the rate at
+# $\mathbf f = 0$ (printed). Random inputs raise the softplus gate's mean rate at every $b$ (it
+# is convex everywhere). Proofs, and counts over fresh draws of $\mathbf f$: the notebook notes.
 #
 # What a head then does with what it keeps, a $T \times T$ mixing of the values set by these
 # decays, is derived in exercise 2 and pictured in the

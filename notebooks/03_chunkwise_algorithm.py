@@ -426,12 +426,12 @@ for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # t
 #    *Derive*: is $L'$ upper or lower? Which decays and $\beta$ multiply $\mathbf k_t^\top \mathbf
 #    k_s$ in it? What is `rhs`? *Return* from `wy_backward_system(k, g, beta)` (`k`, `g` $[C, d_k]$,
 #    `beta` $[C]$) `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, no row scaled or combined) and
-#    `rhs` $[C, d_k]$; also tried: $C > d_k$; forget bursts overflowing $e^{-\boldsymbol\gamma_t}$.
+#    `rhs` $[C, d_k]$; tried also: $C \gtrless d_k$, bursts overflowing $e^{-\boldsymbol\gamma_t}$.
 # 2. **Two chunks as one.** From chunk $i$'s factors ($\tilde K_{[i]}$, $\tilde V_{[i]}$,
 #    $\overrightarrow K_{[i]}$, log decay across it $\boldsymbol\gamma_{C,[i]}$ $[d_k]$) and chunk
-#    $i + 1$'s ($\tilde K_{[i+1]}$, $\tilde V_{[i+1]}$, from its own start), derive the pair's
-#    $\tilde K$, $\tilde V$ as one chunk's: `merge_chunks(K_tilde_i, V_tilde_i, K_out_i, gamma_i,
-#    K_tilde_next, V_tilde_next) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
+#    $i + 1$'s ($\tilde K_{[i+1]}$, $\tilde V_{[i+1]}$, from its own start; the lengths may differ),
+#    derive the pair's $\tilde K$, $\tilde V$ as one chunk's: `merge_chunks(K_tilde_i, V_tilde_i,
+#    K_out_i, gamma_i, K_tilde_next, V_tilde_next) -> (K_tilde, V_tilde)`, against step 3 on both.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

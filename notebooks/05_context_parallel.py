@@ -438,13 +438,13 @@ exercises.check("05.2", answer)
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for
 #   near-infinite context*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
 # - S. Li et al., *Sequence parallelism: long sequence training from system perspective*,
 #   2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
-# - W. Sun et al., *LASP-2* (one all-gather of memory states), 2025. [arXiv:2502.07563](https://arxiv.org/abs/2502.07563)
+# - W. Sun et al., *LASP-2: rethinking sequence parallelism for linear attention and its hybrid*,
+#   2025. [arXiv:2502.07563](https://arxiv.org/abs/2502.07563)
 # - JAX, *Manual parallelism with `shard_map`*: [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
 # - Chunk-state passing in [openxla/tokamax](https://github.com/openxla/tokamax) and
 #   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
