@@ -383,6 +383,24 @@ def test_00_the_decay_before_the_erase_gets_its_own_hint():
             assert "where does D meet q?" in hint, (exercise_id, seed, hint)
 
 
+def test_01_1_the_worked_loop_runs_well_inside_the_time_limit():
+    """01.1's worked solution one point at a time (``np.vectorize`` of arithmetic only) at the
+    checker's last trial, the GRID^2 points with the watch on: under a quarter of TIME_LIMIT_S of
+    CPU time (teacher s14, #6: measured 1.1 s of 20 on a shared 2-core EPYC, where the form that
+    called np.ndim per point took 6.6 to 11.5 s)."""
+    import time
+
+    from kda_lib.teaching.exercises import ch01
+
+    solutions = _load(SOLUTIONS / "ch01.py")
+    grid = np.meshgrid(*ch01.f32(np.linspace(0.05, 0.95, ch01.GRID), np.linspace(0.5, 1.0,
+                                                                               ch01.GRID)))
+    start = time.process_time()
+    got, hint = exercises.call_answer(solutions.write_map_loop, *grid, limit_s=ch01.TIME_LIMIT_S)
+    assert hint is None and time.process_time() - start < ch01.TIME_LIMIT_S / 4
+    np.testing.assert_allclose(got, solutions.write_map(*grid), rtol=1e-12)
+
+
 def test_01_a_float32_limit_gets_a_float64_hint():
     """Beta near 1e-9 is below float32's resolution of 1 - beta: zeta_inf = beta / (1 - lam) with
     a float32 lam keeps no digit (or is inf), and the hint says why (not only "NaN or inf");
