@@ -21,9 +21,9 @@
 # always overlap. The delta rule writes only what the memory gets wrong: one gradient step on the
 # recall error $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. At
 # $\beta = 1$ it recalls the newest pair exactly; averaged over draws it recalls better than linear
-# attention at every number of pairs tried, though one pass cannot store them all. A forget gate
-# gives the gated delta rule (one decay per head) and KDA (one per key channel). Each step is
-# derived, checked in float64, and built in NumPy against `kda_lib`.
+# attention from two pairs on (one pair both recall exactly), though one pass cannot store them
+# all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per key channel).
+# Each step is derived, checked in float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -105,8 +105,7 @@ def random_pairs(key, num, *, batch=()):
 # \begin{align*}
 # \mathbf o_t &= \sum_{s \le t} \mathbf v_s\, (\mathbf k_s^\top \mathbf q_t)
 #   = \Big(\sum_{s \le t} \mathbf v_s \mathbf k_s^\top\Big) \mathbf q_t = S_t^\top \mathbf q_t,
-# \qquad S_t = \sum_{s \le t} \mathbf k_s \mathbf v_s^\top
-#   = S_{t-1} + \mathbf k_t \mathbf v_t^\top .
+# \qquad S_t = \sum_{s \le t} \mathbf k_s \mathbf v_s^\top = S_{t-1} + \mathbf k_t \mathbf v_t^\top.
 # \end{align*}
 # $$
 #
@@ -118,11 +117,9 @@ def random_pairs(key, num, *, batch=()):
 #   + \underbrace{\sum_{j'\ne j} \mathbf k_{j'}^\top\mathbf k_j\,\mathbf v_{j'}}_{\text{crosstalk}}.
 # $$
 #
-# With orthonormal keys (at most $d_k$ of them) the crosstalk vanishes. For random unit keys
-# $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$ and the $n - 1$ terms are uncorrelated:
-# the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, so the relative
-# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 averages the squared error pair by
-# pair, which adds a factor $d_v / (d_v - 2)$).
+# Orthonormal keys (at most $d_k$) leave no crosstalk. For random unit keys $\mathbb E[(\mathbf
+# k_{j'}^\top \mathbf k_j)^2] = 1/d_k$, the $n - 1$ terms uncorrelated: the crosstalk's squared
+# size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, the relative error $\sqrt{(n-1)/d_k}$.
 
 # %%
 n_demo = key_dim // 2
@@ -141,7 +138,7 @@ assert_close(recalled, values + crosstalk, atol=1e-12, name="value + crosstalk")
 rel_error = np.linalg.norm(recalled - values) / np.linalg.norm(values)
 print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f} "
       f"(sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
-assert rel_error > 0.25, "random keys should interfere"
+assert key_dim < 16 or rel_error > 0.25, "keys interfere"  # each draw at d_k >= 16, not 4, 8: notes
 
 # %% tags=["hide-input"]
 fig, (ax_overlap, ax_recall) = plt.subplots(1, 2, figsize=(9.5, 3.6))
@@ -234,10 +231,9 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 # $$
 #
 # Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall. Storing $n \le
-# d_k$ pairs with linearly independent keys solves $n$ equations $\mathbf k_j^\top S =
-# \mathbf v_j^\top$; one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, one equation
-# at a time: for generic values exact only for orthogonal keys; repeated sweeps converge ($n =
-# d_k / 2$ below).
+# d_k$ pairs with independent keys solves $n$ equations $\mathbf k_j^\top S = \mathbf v_j^\top$;
+# one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, an equation at a time: exact
+# only for orthogonal keys (generic values); repeated sweeps converge ($n = d_k / 2$ below).
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -262,12 +258,13 @@ _ = assert_close(ortho_keys @ sweep(empty, ortho_keys, pair_values), pair_values
 
 # %%
 S_sweep, sweep_errors, size = empty, [], np.linalg.norm(pair_values)
-for _ in range(300):  # enough for every seed tried (0 to 7): convergence is geometric
+for _ in range(500):  # geometric, slow where two keys nearly coincide (exercise 2)
     S_sweep = sweep(S_sweep, pair_keys, pair_values)
     sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values) / size)
 print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative error after 1 sweep {sweep_errors[0]:.3f}"
-      f", 10: {sweep_errors[9]:.1e}, 300: {sweep_errors[-1]:.1e}")
-assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
+      f", 10: {sweep_errors[9]:.1e}, 500: {sweep_errors[-1]:.1e}")
+if key_dim >= 16:  # every draw measured at d_k = 16 and 32 passes, with margin; not 4, 8: notes
+    assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
 
 # %% [markdown]
 # ## 4. Forgetting: scalar decay, then one decay per channel
@@ -328,8 +325,7 @@ print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1")
 
 # %%
 def toy_kda(q, k, v, g, beta, scale):
-    """KDA, one head, float64. q, k, g: [T, K]; v: [T, V]; beta: [T] -> the outputs [T, V]
-    and the state after every token [T, K, V]."""
+    """KDA, one head, float64: q, k, g [T, K], v [T, V], beta [T] -> outputs, states [T, K, V]."""
     S = np.zeros((k.shape[1], v.shape[1]))
     outputs, states = [], []
     for q_t, k_t, v_t, g_t, b_t in zip(q, k, v, g, beta, strict=True):
@@ -388,7 +384,7 @@ assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
 expected = law[at_k := min(key_dim, max_pairs) - 1]  # (n - 1) / d_k d_v / (d_v - 2) at n = d_k
 if value_dim >= 16 and (at_k + 1) * num_seeds >= 128:  # (fewer: the mean's spread is too wide)
     assert abs(lin[at_k] - expected) < 0.3 * expected, "linear: (n - 1)/d_k d_v/(d_v - 2)"
-newest, second = by_age["delta rule"][:2]  # one seed's second is below 1e-3 in 10% of draws
+newest, second = by_age["delta rule"][:2]  # one seed's: below 1e-3 in 11.5% of draws at d_k = 32
 assert newest < 1e-12 and (num_seeds < 8 or second > 1e-3), "newest exact, the one before not"
 old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
 assert max_pairs < 2 * key_dim or old_delta > 1, "beyond capacity, old pairs: worse than nothing"
@@ -398,13 +394,15 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
     f"one before {second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
 
 # %% [markdown]
-# Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted;
-# $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values; asserted within 30% at $d_v \ge
-# 16$, $n \cdot$ `num_seeds` $\ge 128$: notes). The delta rule recalls the newest pair exactly and,
-# averaged over seeds, stays below linear attention at every $n$ drawn, not at zero (section 3).
-# With `num_seeds` $\ge 8$ the page asserts this (at $d_k \ge 32$) and the pair before the newest
-# above $10^{-3}$; one seed can lose at any $d_k$, and misses $10^{-3}$ one draw in ten (notes).
-# Beyond capacity its old pairs end above 1 (right panel). Two time scales: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted; the
+# factor is $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values of mean square norm 1):
+# the mean here, asserted within 30%, cannot tell it from $\frac{n-1}{d_k}$; the notes' pooled
+# test can. The delta rule recalls the newest pair exactly and, averaged over seeds, stays below
+# linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section 3). Single
+# seeds can lose, and miss $10^{-3}$ for the pair before the newest about one draw in nine at
+# $d_k = 32$ (so each is asserted only where it holds: notes). Beyond capacity old pairs end above
+# 1 (right panel). Where one decay per channel beats one per head (facts kept long, a stream
+# turned over fast): the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 #
 # ## Summary
 #
@@ -415,17 +413,19 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #
 # ## Exercises
 #
-# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). The checkers judge values only, at
-# parameters where float64 simulations keep no digits. Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). The checkers judge values only:
+# at the trials named below a float64 simulation of the memory keeps no digits, and an exact one
+# (fractions) outruns the time limit; a loop following 01.2's two recall errors by section 3's
+# formula, no memory kept, passes (one worked solution is such a loop). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, repeatedly: decay the state by
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
 #    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
 #    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`, for
-#    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$ ($10^{10}$ steps to
-#    converge; $1 - \lambda$ from a float32 $\lambda$ keeps no digits) and $\lambda$ within
-#    $10^{-15}$ of 1 ($1 - \lambda$ from a float64 $\lambda$, computed or simulated, keeps none).
+#    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$ ($10^{10}$ steps;
+#    a float32 $\lambda$ leaves $1 - \lambda$ no digits) and $\lambda$ within $10^{-15}$ of 1 (a
+#    float64 $\lambda$, computed or simulated, neither).
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance
