@@ -396,13 +396,13 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 # %% [markdown]
 # Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted; the
 # factor is $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values of mean square norm 1):
-# the mean here, asserted within 30%, cannot tell it from $\frac{n-1}{d_k}$; the notes' pooled
-# test can. The delta rule recalls the newest pair exactly and, averaged over seeds, stays below
-# linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section 3). Single
-# seeds can lose, and miss $10^{-3}$ for the pair before the newest about one draw in nine at
-# $d_k = 32$ (so each is asserted only where it holds: notes). Beyond capacity old pairs end above
-# 1 (right panel). Where one decay per channel beats one per head (facts kept long, a stream
-# turned over fast): the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# the mean here, asserted within 30% at $n = d_k$, cannot tell it from $\frac{n-1}{d_k}$; the
+# notes' pooled test can. The delta rule recalls the newest pair exactly and, averaged over seeds,
+# stays below linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section
+# 3). Single seeds can lose, and miss $10^{-3}$ for the pair before the newest about one draw in
+# nine at $d_k = 32$ (so each is asserted only where it holds: notes). Beyond capacity old pairs
+# end above 1 (right panel). Where one decay per channel beats one per head (facts kept long, a
+# stream turned over fast): the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 #
 # ## Summary
 #
@@ -424,8 +424,8 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
 #    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`, for
 #    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$ ($10^{10}$ steps;
-#    a float32 $\lambda$ leaves $1 - \lambda$ no digits) and $\lambda$ within $10^{-15}$ of 1 (a
-#    float64 $\lambda$, computed or simulated, neither).
+#    a float32 $\lambda$ leaves $1 - \lambda$ no digits) and $\lambda$ within $10^{-15}$ of 1 (nor
+#    does a float64 $\lambda$ there, computed or simulated).
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance
