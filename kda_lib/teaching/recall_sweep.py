@@ -19,8 +19,9 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   verdict rules for the paper's two claims.
 * :func:`induction_reads` -- where the two-step (previous-token, induction) circuit reads
   each MQAR answer.
-* :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded` -- the
-  figures.
+* :func:`capacity_curve` -- a capacity record's test accuracies per mixer and pairs count.
+* :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded`,
+  :func:`plot_capacity` -- the figures.
 """
 
 from __future__ import annotations
@@ -418,4 +419,49 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict,
                        title=title, title_fontsize=8)  # fmt: skip
     if len(panels) == len(tasks):
         axes[0, -1].axis("off")
+    return fig
+
+
+def capacity_curve(record: dict) -> tuple[list[int], dict, dict]:
+    """A capacity record (``scripts/recall_capacity.py``): ``(pairs, acc, stops)``, the pairs
+    counts n ascending, ``acc[mixer][n]`` the reported runs' test accuracies by seed and
+    ``stops[mixer][n]`` their stops (:func:`stop_label`); a count without a mixer's runs is left
+    out of that mixer's entries."""
+    acc, stops = {}, {}
+    for part in sorted(record["parts"], key=lambda p: p["setting"]["num_pairs"]):
+        n, tol = part["setting"]["num_pairs"], part["setting"]["flat_tol"]
+        for mixer in MIXER_ORDER:
+            runs = sorted((r for r in part["runs"] if (r["mixer"], r["phase"]) == (mixer, "seeds")),
+                          key=lambda r: r["training"]["seed"])  # fmt: skip
+            if runs:
+                acc.setdefault(mixer, {})[n] = np.array([r["test"]["accuracy"] for r in runs])
+                stops.setdefault(mixer, {})[n] = [stop_label(r, tol) for r in runs]
+    pairs = sorted(p["setting"]["num_pairs"] for p in record["parts"])
+    return pairs, acc, stops
+
+
+def plot_capacity(pairs, acc: dict, head_dim: int, num_heads: int, chance: float) -> plt.Figure:
+    """Mean test accuracy against the number of pairs (log scale), bars from the lowest seed to
+    the highest, each mixer nudged sideways; a vertical line at a head's key dimension d_k and a
+    dashed one at the layer's num_heads * d_k; chance dotted."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    for mixer in (m for m in MIXER_ORDER if m in acc):
+        ns = [n for n in pairs if n in acc[mixer]]
+        a = [acc[mixer][n] for n in ns]
+        mean = np.array([x.mean() for x in a])
+        x = np.array(ns) * 2 ** (0.06 * (MIXER_ORDER.index(mixer) - 2.5))
+        ax.errorbar(x, mean, yerr=[mean - [v.min() for v in a], [v.max() for v in a] - mean],
+                    color=COLORS[mixer], marker=MARKERS[mixer], capsize=3, label=label(mixer))
+    ax.axvline(head_dim, color="0.55", linewidth=2.5, alpha=0.5, zorder=0,
+               label=f"$d_k$ = {head_dim} (one head)")  # behind the points
+    ax.axvline(num_heads * head_dim, color="0.55", linestyle="--", linewidth=1.5, zorder=0,
+               label=f"{num_heads} heads x $d_k$ = {num_heads * head_dim}")
+    ax.axhline(chance, color="0.3", linestyle=":", linewidth=1.2, label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(pairs, [str(n) for n in pairs])
+    ax.minorticks_off()
+    ax.set(ylim=(-0.02, 1.02), xlabel="key-value pairs n (log scale; T = 4 n)",
+           ylabel="test accuracy (mean; bars: seed range)",
+           title="MQAR recall against the number of pairs")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
     return fig

@@ -92,6 +92,12 @@ COMMANDS = {
         ["main_run", "build_protocol"],
         ["run", "--time-limit", "60"],
     ),
+    "recall_capacity.py": (
+        lambda: _script("recall_capacity.py"),
+        "main",
+        ["documents", "run", "sweep.Sweep", "sweep.run_one"],
+        ["--output", "{tmp}/capacity.json", "--parts", "{tmp}/parts", "--pairs", "2,4"],
+    ),
 }
 
 # a path option of each command that writes, and whether a file there is read first (resumed,
@@ -104,6 +110,7 @@ PATH_OPTIONS = {
     "auto_grad_vs_chunked.py": ("--out", False),
     "train_step_table.py": ("--output", False),
     "run_notebooks_sandboxed.py": ("--output", False),
+    "recall_capacity.py": ("--output", True),
 }
 
 
@@ -211,6 +218,18 @@ NUMBER_AND_NAME_ROWS = [
     ("notebook_setup.py", ["--check", "--write"], "argument --write: not allowed with"),
     # synthetic_protocol.py (its subcommand run; the recorded protocol where none is given)
     ("synthetic_protocol.py", ["--time-limit", "0"], "--time-limit must be > 0, got 0.0"),
+    # recall_capacity.py (its own checks, then each count's synthetic_sweep.py arguments)
+    ("recall_capacity.py", ["--pairs", "2,x"], "--pairs must be comma-separated ints"),
+    ("recall_capacity.py", ["--pairs", "2,2"], "--pairs must be distinct ints in [1, 32]"),
+    ("recall_capacity.py", ["--pairs", "0,40"], "--pairs must be distinct ints in [1, 32]"),
+    ("recall_capacity.py", ["--time-limit", "nan"], "--time-limit must be > 0 seconds, got nan"),
+    ("recall_capacity.py", ["--rate", "-0.1"], "--rate must be a number > 0, got '-0.1'"),
+    ("recall_capacity.py", ["--rate", "fast"], "--rate must be a number > 0, got 'fast'"),
+    ("recall_capacity.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+    ("recall_capacity.py", ["--seeds", "0,0"], "--seeds must be distinct ints >= 0"),
+    ("recall_capacity.py", ["--mixers", "kda,bogus"], "--mixers: unknown ['bogus']"),
+    ("recall_capacity.py", ["--parts", "{tmp}/afile"], "--parts: '{tmp}/afile' is a file, so"),
+    ("recall_capacity.py", ["--output", "{tmp}/sweep.json"], "--output: '{tmp}/sweep.json' holds"),
     ("synthetic_protocol.py", ["--time-limit", "nan"], "--time-limit must be > 0, got nan"),
     ("synthetic_protocol.py", ["--max-runs", "0"], "--max-runs must be >= 1, got 0"),
     ("synthetic_protocol.py", ["--protocol", "{tmp}/none.json"], "--protocol: no file at"),
