@@ -1226,6 +1226,42 @@ def test_synthetic_recall_larger_families_through_the_library_as_notebook_08_rea
                           for b in ("", " beyond"))
 
 
+def test_recall_capacity_as_notebook_08_states_it():
+    """08 section 8 and its notes (teacher s13 after, 3), from the record's runs alone: MQAR at
+    n = 2-32 pairs, T = 4 n, one layer of 2 heads of d_k = 8, one fixed rate (0.01), seeds 0-2, no
+    tuning run; below d_k every KDA, GDN and mamba2-style run >= 0.88, at 16 the best 0.75 (KDA's,
+    GDN's 0.27), at 32 0.50 (0.21); at d_k the seeds spread and 6 of 9 rise; mamba2-style above
+    KDA and GDN on 3 of 3 seeds at 16; 5 of 9 runs at chance at 32; conv-only 0.38-0.41 at n = 2."""
+    record = _recorded("results", "synthetic_recall_capacity.json")
+    runs = {}
+    for part in record["parts"]:
+        n, setting = part["setting"]["num_pairs"], part["setting"]
+        assert (setting["head_dim"], setting["num_heads"], setting["num_layers"]) == (8, 2, 1)
+        assert setting["max_steps"] == 2000 and all(g["fixed"] for g in part["grids"].values())
+        for r in part["runs"]:
+            assert r["phase"] == "seeds" and r["training"]["seq_len"] == 4 * n
+            assert r["training"]["learning_rate"] == 0.01 and r["chance_accuracy"] == 1 / 32
+            runs.setdefault((r["mixer"], n), {})[r["training"]["seed"]] = r
+    assert {k: sorted(v) for k, v in runs.items()} == {
+        (m, n): [0, 1, 2] for m in ("kda", "gdn", "mamba2", "conv") for n in (2, 4, 8, 16, 32)}
+    acc = {k: np.array([v[s]["test"]["accuracy"] for s in (0, 1, 2)]) for k, v in runs.items()}
+    rec, delta = ("kda", "gdn", "mamba2"), ("kda", "gdn")
+    assert round(min(acc[(m, n)].min() for m in rec for n in (2, 4)), 2) == 0.88
+    for n, top, top_delta in ((16, 0.75, 0.27), (32, 0.50, 0.21)):
+        assert round(max(acc[(m, n)].max() for m in rec), 2) == top
+        assert round(max(acc[(m, n)].max() for m in delta), 2) == top_delta
+    spread = {m: (round(acc[(m, 8)].min(), 2), round(acc[(m, 8)].max(), 2)) for m in rec}
+    assert spread == {"kda": (0.33, 0.87), "gdn": (0.22, 0.89), "mamba2": (0.65, 0.96)}
+    assert sum(r["stop"] == "rising" for m in rec for r in runs[(m, 8)].values()) == 6
+    assert all(r["stop"] == "rising" for r in runs[("mamba2", 16)].values())
+    assert runs[("gdn", 4)][0]["stop"] == "rising" and acc[("gdn", 4)].argmin() == 0
+    assert all((acc[("mamba2", 16)] > acc[(m, 16)]).all() for m in delta)
+    assert sum(int((acc[(m, 32)] < 0.04).sum()) for m in rec) == 5
+    conv = acc[("conv", 2)]
+    assert (round(conv.min(), 2), round(conv.max(), 2)) == (0.38, 0.41)
+    assert all(acc[("conv", n)].max() < 0.04 for n in (8, 16, 32))
+
+
 def test_synthetic_recall_numbers_as_notebook_08_states_them():
     """08 sections 6-7 (issue 52): the directions, gaps, ceilings, floors, spreads and parameter
     counts its prose states, from the record."""
