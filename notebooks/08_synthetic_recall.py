@@ -366,7 +366,7 @@ assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0]
 # %%
 cap = load_recorded("results", recorded_capacity)
 ns, cap_acc, cap_stops = rs.capacity_curve(cap)  # per mixer and n: the seeds' test accuracies
-(d_k, heads), rec = (cap["model"][k] for k in ("head_dim", "num_heads")), ("kda", "gdn", "mamba2")
+(d_k, heads), rec = (cap["options"][k] for k in ("head_dim", "num_heads")), ("kda", "gdn", "mamba2")
 assert ns == [2, 4, 8, 16, 32] and {len(a) for m in cap_acc for a in cap_acc[m].values()} == {3}
 floor = cap["parts"][0]["runs"][0]["chance_accuracy"]  # 1/32: 32 value tokens
 viz.show(rs.plot_capacity(ns, cap_acc, d_k, heads, floor), "08_capacity")

@@ -15,7 +15,7 @@ then seed 1, ...), so a cut leaves whole seeds. ``--time-limit S``: no run start
 seconds of this call, which then merges what is there and exits 0 (call it again to go on).
 
 After every call the parts are merged into ``--output``: ``{"about", "protocol", "command",
-"model", "rate", "parts": [{"setting", "grids", "runs"}, ...]}`` (one part per pairs count, in
+"options", "rate", "parts": [{"setting", "grids", "runs"}, ...]}`` (one part per pairs count, in
 order; ``kda_lib.teaching.recall_sweep.capacity_curve`` reads it).
 """
 
@@ -158,7 +158,7 @@ def merge(args, docs: dict[int, sweep.Sweep]) -> dict:
         command="python scripts/recall_capacity.py " + " ".join(
             f"--{k.replace('_', '-')} {getattr(args, k)}"
             for k in ("pairs", "mixers", "seeds", "rate", "max_steps")),
-        model=dict(MODEL, max_steps=args.max_steps),
+        options=dict(MODEL, max_steps=args.max_steps),
         rate=float(args.rate),
         parts=[{k: d.doc[k] for k in ("setting", "grids", "runs")} for d in docs.values()],
     )

@@ -38,7 +38,7 @@ def test_each_count_its_own_document_seed_by_seed_merged_and_read(script, tmp_pa
     record = json.loads(out.read_text())
     assert [p["setting"]["num_pairs"] for p in record["parts"]] == [2, 4]
     assert {p["setting"]["max_steps"] for p in record["parts"]} == {3}
-    assert record["rate"] == 0.01 and record["model"]["head_dim"] == 8
+    assert record["rate"] == 0.01 and record["options"]["head_dim"] == 8
     grid = record["parts"][1]["grids"]["mqar/kda"]
     assert grid["fixed"] and grid["rates"] == [0.01] and grid["seq_len"] == 16  # T = 4 n
     pairs, acc, stops = rs.capacity_curve(record)
