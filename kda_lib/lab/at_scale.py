@@ -660,7 +660,7 @@ def cp_ring_crossover(
 ) -> float:
     """``R*``: the ranks at which the summaries' all-gather (growing with R) receives as many bytes
     per rank as ring attention over the MLA latents (growing with T), halo left out:
-    ``T (d_c + d_R) b_KV / (H_v d_k (d_k + d_v) b_S)``."""
+    ``T (d_c + d_R) cache_bytes / (H_v d_k (d_k + d_v) state_bytes)``."""
     _check_positive(seq_len=seq_len)
     summary = preset.num_v_heads * preset.head_dim * 2 * preset.head_dim * state_bytes
     return seq_len * mla_cache_numbers(preset) * cache_bytes / summary
