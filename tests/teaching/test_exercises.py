@@ -490,3 +490,10 @@ def test_the_checkers_own_functions_are_refused(path):
                 if not (isinstance(hint, str) and hint):
                     accepted.append((exercise_id, fn.__name__))
     assert not accepted, f"a checker's own function passed: {accepted}"
+
+
+def test_the_checkers_fit_in_two_thousand_lines():
+    """Issue 74: the checkers, shared machinery once, stay at most 2,000 lines in all."""
+    folder = pathlib.Path(exercises.__file__).parent
+    lines = sum(len(p.read_text().splitlines()) for p in folder.glob("*.py"))
+    assert lines <= 2000, f"kda_lib/teaching/exercises/ has {lines} lines (at most 2,000)"

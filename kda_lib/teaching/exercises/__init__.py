@@ -286,12 +286,9 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
 
 
 def _checker_for(exercise_id: str) -> Callable[..., str | None]:
-    if not isinstance(exercise_id, str):
-        raise ValueError(f"exercise_id must be a string like '03.2', got {exercise_id!r} "
-                         f"({type(exercise_id).__name__})")
-    chapter = exercise_id.split(".")[0]
+    chapter = exercise_id.split(".")[0] if isinstance(exercise_id, str) else ""
     if not (chapter.isdigit() and len(chapter) == 2):
-        raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
+        raise ValueError(f"exercise_id must be a string like '03.2', got {exercise_id!r}")
     try:
         importlib.import_module(f"{__name__}.ch{chapter}")  # a chapter of this package only
     except ModuleNotFoundError as err:

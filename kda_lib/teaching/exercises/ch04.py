@@ -191,9 +191,8 @@ _CACHE_SLIPS = (
 
 
 def _cache_sizes(rng, w, k_not=None):
-    """(d, H, d_k, d_v) at which the slips' counts that are wrong at this w differ from each other
-    and from 0 (a count names one slip), and at w >= 2 only the w = 0 slip's is right; d_k !=
-    k_not (at d_k = w - 1, v's conv at d_k channels counts as the d_k x d_k state slip)."""
+    """(d, H, d_k, d_v) where the slips wrong at this w differ from each other and 0 (at w >= 2
+    only the w = 0 slip is right); d_k != k_not (d_k = w - 1 mimics the d_k x d_k state slip)."""
     while True:
         H, K, V, d = (int(rng.integers(*span)) for span in ((2, 5), (2, 9), (2, 10), (2, 17)))
         right = H * K * V + max(w - 1, 0) * H * (2 * K + V)
@@ -224,8 +223,7 @@ def decode_cache_numbers(answer, rng):
             continue
         where = f"wrong at d = {d}, H = {H}, d_k = {K}, d_v = {V}, w = {w}: "
         more = [_cache_sizes(rng, w, k_not=w - 1) for _ in range(2)]  # a slip: matches thrice
-        calls = [ex.call_answer(answer, *sizes, w, refuse=dict(shape=(), integer=True))
-                 for sizes in more]  # fmt: skip
+        calls = [ex.call_answer(answer, *m, w, refuse=dict(shape=(), integer=True)) for m in more]
         for wrong, slip in _CACHE_SLIPS:
             if float(got) == wrong(d, H, K, V, w) and all(h is None and float(g) == wrong(
                     *m, w) for (g, h), m in zip(calls, more, strict=True)):

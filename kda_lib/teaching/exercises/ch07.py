@@ -214,8 +214,7 @@ def _t_star_hint(case, got: int) -> str:
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
-        return ("that is one decode step's T*_step (the state read and written); count the "
-                "verify call's states, conv rows, entries")
+        return "that is one decode step's T*_step: count the verify call's states, conv rows"
     one_state = kda - (d - 1) * h * k * v * bs
     if d > 1 and got == max(1, math.ceil(one_state / (n * bc)) - 2 * d):
         return "one state written: the call keeps the state after every draft token (exercise 1)"

@@ -119,8 +119,7 @@ def _reduction_hint(answer, trials) -> str | None:
             return hint
         fraction, kda, glob, _, head_dim, _, mla_numbers, kv_heads = args
         want, special = float(_reduction_context(*args)), _special_float(got)
-        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
-                 "key/value heads")
+        where = f"at fraction {fraction}, {kda} KDA + {glob} global layers, {kv_heads} kv heads"
         if special in ("NaN", "-math.inf"):
             return (f"{where}, yours is {special}: give T as a positive real number, or math.inf "
                     "where no context reaches the fraction")
@@ -233,8 +232,7 @@ def decode_crossover(answer, rng, *, preset: str):
     (batch, *_, weight_bytes), got, want = miss
     where = f"at batch {batch} with weight_bytes = {weight_bytes}"
     if got == want + 1:
-        return (f"{where} your T is one too many: MLA must move at least as many bytes, equal "
-                "counts")
+        return f"{where} your T is one too many: MLA must move at least as many bytes, equal counts"
     if got < 1:
         return ("T is at least 1: where MLA's weights alone outweigh KDA's bytes, the formula "
                 "gives T <= 0 and MLA moves more from T = 1 on")
