@@ -388,7 +388,7 @@ print("wrong at t:", {name: (np.flatnonzero((g != target) & (target >= 0)) + p).
 #
 # - Delayed copy with $\ell$ beyond the convolutions' reach: the KDA model's held-out loss
 #   falls to a small fraction of $\log \lvert\mathcal V\rvert$, the conv-only ablation stays at
-#   chance, as its exactly-zero long-range gradients say it must.
+#   chance, as its architecture guarantees (its long-range gradients are exactly zero, section 2).
 # - Section 4 makes it visible. The tokens left with no path once the states and upper histories
 #   are cleared are copied while the states are kept (asserted) and are at chance once they are
 #   cleared (true for any weights; the assert only guards the clearing code). Which of them come
