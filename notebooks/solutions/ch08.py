@@ -50,16 +50,18 @@ def beyond_reach(inputs, mask, reach: int):
     return out
 
 
-def three_time_scales(half_lives) -> dict:
+def three_time_scales(half_lives, gaps=(0.5, 0.5, 0.5)) -> dict:
     """3: A = (I - beta k k^T) D, D = diag(d_i) with the decays d_i = e^(g_i), is similar to
     D - u u^T (u_i^2 = beta d_i k_i^2), a rank-one downdate of a diagonal matrix, whose
     eigenvalues lam interlace the decays. Pick decays just above the wanted lam (d_1 > lam_1 >
     d_2 > lam_2 > ...); the secular equation gives u_i^2 = prod_j (d_i - lam_j) /
     prod_{j != i} (d_i - d_j) > 0; a unit key fixes beta = sum_i u_i^2 / d_i and
     k_i^2 = u_i^2 / (beta d_i). Then the filter is a sum of the three exponentials and q (three
-    weights) comes from least squares."""
+    weights) comes from least squares. ``gaps``: where each decay sits in its gap, from its lam
+    (0) to the next lam up, or 1 (1); near 0 the head is as right, its q longer (|q| = 265 at
+    (0.001, 0.001, 0.5) on the page's half-lives)."""
     lam = np.sort(0.5 ** (1 / np.asarray(half_lives, np.float64)))[::-1]
-    decays = lam + 0.5 * np.append(1 - lam[0], -np.diff(lam))  # strictly interlacing, midway
+    decays = lam + np.asarray(gaps) * np.append(1 - lam[0], -np.diff(lam))  # strictly interlacing
     u2 = np.array([np.prod(a - lam) / np.prod([a - b for b in decays if b != a]) for a in decays])
     beta = float(np.sum(u2 / decays))
     k = np.sqrt(u2 / (beta * decays))

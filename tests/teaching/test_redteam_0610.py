@@ -1057,6 +1057,12 @@ def _alternatives():
         *[("08.3", f"the worked solution in float32 throughout ({xp.__name__}), seed {seed}",
            _three_scales_f32(xp), {**_cases()["08.3"][1], "seed": seed})
           for xp, seed in ((np, 13), (np, 35), (jnp, 13))],
+        # the docstring's "decays just above lam": beta 0.29, |q| = 265 (teacher s15, 7: "q of any
+        # length" on the page; a |q| <= 100 rule refused it)
+        *[("08.3", f"decays just above lam, |q| = 265 ({dtype.__name__}), seed {seed}",
+           lambda lives, dtype=dtype: {k: dtype(v) for k, v in s08.three_time_scales(
+               lives, gaps=(0.001, 0.001, 0.5)).items()}, {**_cases()["08.3"][1], "seed": seed})
+          for dtype, seed in ((np.asarray, 0), (np.asarray, 5), (np.float32, 0), (np.float32, 5))],
         ("09.1", "numpy int64 out", half_numpy09, _cases()["09.1"][1]),
         ("09.1", "jnp.where: a 0-d jnp inf without MLA layers (teacher C, 14)",
          lambda k, m, h, d, r, w: jnp.where(m == 0, jnp.inf, jnp.maximum(1, jnp.ceil(

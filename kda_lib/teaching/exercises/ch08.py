@@ -154,17 +154,16 @@ def _head_problem(answer, half_lives, length: int) -> str | None:
     decays, beta, k, q = (np.asarray(answer[n], float) for n in ("decays", "beta", "k", "q"))
     if not ((decays > 0).all() and (decays <= 1).all() and 0.05 <= beta <= 1):
         return "a decay must lie in (0, 1] and beta in [0.05, 1] (a real delta-rule write)"
-    if np.linalg.norm(q) > 100:
-        return "keep |q| <= 100: a query that large only hides a tiny beta"
     if not np.isclose(np.linalg.norm(k), 1.0):
         return "the key must have unit norm (the layer L2-normalises it)"
     want = np.mean([(0.5 ** (1 / h)) ** np.arange(length) for h in half_lives], axis=0)
     p, scale = np.concatenate([decays, [beta], k, q]), np.linalg.norm(want)
-    # float32's slack: sum_i |p_i| ||d filter / d p_i|| 2^-21, each number off by 4 float32 eps
-    slack = max(1e-6, 2.0**-21 * sum(np.linalg.norm(head_filter(p + s, length) - head_filter(
-        p - s, length)) / 2e-6 for s in 1e-6 * np.diag(np.abs(p))) / scale)
+    # float32's slack: sum_i |p_i| ||d filter / d p_i|| 2^-21, each number off by 4 float32 eps;
+    # q may be of any length, but at most 1e-3 (a huge q's cancellations cannot buy a wrong head)
+    slack = min(1e-3, max(1e-6, 2.0**-21 * sum(np.linalg.norm(head_filter(p + s, length) - (
+        head_filter(p - s, length))) / 2e-6 for s in 1e-6 * np.diag(np.abs(p))) / scale))
     error = np.linalg.norm(head_filter(p, length) - want) / scale
     return None if error <= slack else (
         f"the head's filter is {error:.2g} off (relative L2), more than float32 rounding of its "
-        f"parameters explains ({slack:.2g}); are A's eigenvalues the three per-token ratios "
+        f"parameters allows ({slack:.2g}); are A's eigenvalues the three per-token ratios "
         "2^(-1/h), h the half-lives?")
