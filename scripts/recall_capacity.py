@@ -3,10 +3,11 @@
     python scripts/recall_capacity.py --output data/results/synthetic_recall_capacity.json \
         --time-limit 270
 
-Per pairs count n of ``--pairs``: MQAR at T = 4 n (Zoology's ratio of length to pairs), trained
-and scored by ``scripts/synthetic_sweep.py``'s runs (its ``Sweep``: training, validation and test
-streams per seed, the early stop once validation reaches ``solved``, the test scored once at
-the end) at the model of :data:`MODEL` (one layer, heads of ``head_dim`` = d_k = 8), for every
+Per pairs count n of ``--pairs``: MQAR at T = 4 n (this record's choice of short sequences: 2 n
+pair tokens, then n queries among n fillers), trained and scored by
+``scripts/synthetic_sweep.py``'s runs (its ``Sweep``: training, validation and test streams per
+seed, the early stop once validation reaches ``solved``, the test scored once at the end) at
+the model of :data:`MODEL` (one layer, heads of ``head_dim`` = d_k = 8), for every
 mixer of ``--mixers`` and seed of ``--seeds``, at one fixed rate ``--rate``: not tuned, so no
 tuning runs (each document's ``grids`` says so: ``"fixed": true``). A sweep document holds one
 setting and ``num_pairs`` is part of it, so each count is its own document, ``--parts``/
