@@ -36,15 +36,15 @@ def half_context_float(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, con
 
 def absorbed_read(q, latents, w_k, w_v):
     """2: the score of head h at token t is q_h . k_{t,h} = q_h . (W^K_h c_t) = (W^K_h^T q_h) . c_t,
-    so the query moves into latent space once, ``q_latent`` (d_k d_c multiply-adds a head), and
+    so the query moves into latent space once, ``q_latent`` (d_qk d_c multiply-adds a head), and
     scores the cached latents directly. The output is sum_t a_t v_{t,h} = W^V_h (sum_t a_t c_t):
     the softmax weights the latents, ``read``, and W^V_h maps that one vector. No key or value
     is formed.
 
     Explain why (model answer): at context T the expanded read forms T keys and values, 2 T d_c
-    (d_k + d_v) multiply-adds a head, then scores and weights them, T (d_k + d_v); the absorbed
-    read pays d_c (d_k + d_v) once and 2 T d_c for the scores and the weighted sum. The term in
-    T shrinks from about 2 d_c (d_k + d_v) to 2 d_c a head: decoding reads only the latents."""
+    (d_qk + d_v) multiply-adds a head, then scores and weights them, T (d_qk + d_v); the absorbed
+    read pays d_c (d_qk + d_v) once and 2 T d_c for the scores and the weighted sum. The term in
+    T shrinks from about 2 d_c (d_qk + d_v) to 2 d_c a head: decoding reads only the latents."""
     q_latent = np.einsum("hk,hkc->hc", q, w_k)
     scores = q_latent @ np.asarray(latents).T / math.sqrt(q.shape[1])
     weights = np.exp(scores - scores.max(axis=1, keepdims=True))
@@ -108,7 +108,7 @@ def cases():
     def conv_rows_left_out(kda, mla, heads, key_dim, rank, conv):  # the states only
         return max(1, -(-kda * 4 * heads * key_dim**2 // (4 * mla * rank))) if mla else math.inf
 
-    def unscaled(q, c, w_k, w_v):  # scores without 1 / sqrt(d_k)
+    def unscaled(q, c, w_k, w_v):  # scores without 1 / sqrt(d_qk)
         return (absorbed_read(q, c, w_k, w_v)[0], *absorbed_read(q * len(q[0]) ** 0.5, c, w_k,
                                                                   w_v)[1:])
 

@@ -71,7 +71,7 @@ def _read(q, latents, w_k, w_v) -> tuple:
 
 _READ_HINTS = ("q_latent is each head's query in latent space: q . (W^K_h c) = (W^K_h^T q) . c",
                "read: the latents weighted, per head, by the softmax over the T cached tokens of "
-               "q_latent . c_t / sqrt(d_k)", "out is W^V_h times the head's read")
+               "q_latent . c_t / sqrt(d_qk)", "out is W^V_h times the head's read")
 
 
 @ex.checker("09.2")
@@ -90,7 +90,7 @@ def absorbed_read(answer, rng, **_):
             return hint
         for g, w, text in zip(got, _read(*args), _READ_HINTS, strict=True):
             if not ex.close(g, w, 1e-4):
-                return f"{text} (H = {h}, d_k = {dk}, d_v = {dv}, d_c = {dc}, T = {t})"
+                return f"{text} (H = {h}, d_qk = {dk}, d_v = {dv}, d_c = {dc}, T = {t})"
 
 
 def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
