@@ -7,10 +7,13 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
 * :func:`by_seed` -- one number per run of each model, in seed order (paired across models).
 * :func:`position_gap` -- a model's mean test bits per byte at given window positions minus
   another's, over seeds.
+* :func:`gaps_from` -- a model minus others, paired by seed: compared at the first test position,
+  and the mean gap at each validation.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
   byte by position, and both minus a reference model's.
 * :func:`plot_decode_cost`, :func:`plot_live_and_recorded` -- the figures of the notebook's
   live run: decode cache against context, validation curves beside the recorded run's.
+* :func:`live_record` -- the notebook's live run as the JSON of a recorded full run.
 
 The statistics are :mod:`kda_lib.lab.significance`'s; the rules the runs follow are the
 script's docstring, stored in the record under ``protocol``.
@@ -19,18 +22,23 @@ script's docstring, stored in the record under ``protocol``.
 from __future__ import annotations
 
 import textwrap
+import time
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kda_lib.lab.significance import check_paired
+from kda_lib.lab.significance import Comparison, check_paired, compare
 from kda_lib.teaching.viz import MODEL_COLORS
 
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
 COLORS = {m: MODEL_COLORS[m] for m in MODEL_ORDER}  # viz's one colour per model
 _STYLES, _MARKERS = ("-", "--", "-.", ":"), ("o", "s", "^", "D", "v")  # told apart in grey
 _BUCKETS = (0, 1, 4, 32)  # where the position buckets start (0-based): 1, 2-4, 5-32, 33 on
+# the notebook's parameters a recorded full run keeps (``data/results/stdlib_lm_full.json``)
+RECORDED_PARAMETERS = ("num_layers", "hybrid_layers", "kv_lora_rank", "hidden_size", "num_heads",
+                       "head_dim", "seq_len", "batch_size", "steps", "learning_rate", "val_windows",
+                       "seed")
 
 
 def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:
@@ -61,6 +69,18 @@ def position_gap(runs: dict, model: str, other: str, positions: slice) -> float:
     context: ``bits_by_position`` scores targets 1..T) minus ``other``'s."""
     bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in (model, other)}
     return float(bits[model][:, positions].mean() - bits[other][:, positions].mean())
+
+
+def gaps_from(runs: dict, model: str, others) -> tuple[list[Comparison], np.ndarray]:
+    """``model`` minus each of ``others``, paired by seed: the paired comparisons
+    (:func:`kda_lib.lab.significance.compare`: mean, 95% interval, seeds on each side) of their
+    test bits at the first position (one byte of context), and the mean over seeds of the gap in
+    validation bits per byte at each validation, ``[len(others), validations]``."""
+    models = [model, *others]
+    first = by_seed(runs, lambda r: r["test"]["bits_by_position"][0], models)
+    curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]], float) for m in models}
+    return ([compare(first[model], first[o]) for o in others],
+            np.array([(curves[model] - curves[o]).mean(0) for o in others]))
 
 
 def one_byte_bound(data) -> float:
@@ -191,3 +211,18 @@ def plot_live_and_recorded(
     handles, labels = axes[0, -1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), fontsize=8)
     return fig
+
+
+def live_record(parameters: dict, corpus: dict, unigram_bpb: float, results: dict, configs: dict,
+                costs: dict) -> dict:
+    """Notebook 09's live run as the JSON of a recorded full run: the :data:`RECORDED_PARAMETERS`
+    of ``parameters`` (the notebook's globals), the corpus's description, the unigram baseline,
+    the platform, per trained model its ``results`` with its config's record and its decode
+    ``costs``, and the date (UTC)."""
+    import jax  # the platform only
+
+    return dict(config={n: parameters[n] for n in RECORDED_PARAMETERS}, corpus=corpus,
+                unigram_bpb=unigram_bpb, platform=jax.devices()[0].platform,
+                models={name: dict(r, config=configs[name].record(), decode=costs[name])
+                        for name, r in results.items()},
+                date=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()))

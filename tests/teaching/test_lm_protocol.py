@@ -59,6 +59,19 @@ def test_position_gap_is_the_mean_over_seeds_at_the_positions():
     assert lm_protocol.position_gap(runs, "kda", "kda", slice(3, 9)) == 0.0
 
 
+def test_gaps_from_compares_the_first_position_and_averages_the_validation_gaps():
+    """Teacher s15 (09, defects 2 and 3): attention's gap at position 1 with its interval, and its
+    mean validation gap per step."""
+    runs, _ = lm_protocol.seed_runs(_record(seeds=(0, 1, 2)), min_seeds=3)
+    for r in runs["kda"]:  # kda: 4 + seed at every position, validation 1 below attention's
+        r.update(test=dict(bits_by_position=[4.0 + r["seed"] + 0.1 * (r["seed"] == 1)] * 12),
+                 curve=dict(step=[2, 4], validation_bpb=[4.0 + r["seed"], 2.5 + r["seed"]]))
+    (first,), curve = lm_protocol.gaps_from(runs, "attention", ["kda"])
+    assert first.mean == pytest.approx(2.0 - 0.1 / 3) and (first.above, first.n) == (3, 3)
+    assert first.low < first.mean < first.high
+    np.testing.assert_allclose(curve, [[1.0, 1.5]])  # attention: 5 and 4 (+ seed)
+
+
 def test_the_figure_draws_every_model():
     runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
     fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"])
@@ -103,3 +116,22 @@ def test_one_byte_bound_is_the_conditional_entropy():
     assert lm_protocol.one_byte_bound(np.frombuffer(b"abcabc", np.uint8)) == 0.0
     with pytest.raises(ValueError, match="data"):
         lm_protocol.one_byte_bound(np.arange(5))
+
+
+def test_live_record_keeps_the_recorded_parameters_and_each_trained_model():
+    """The notebook's record_results block (teacher s15: moved here from the page)."""
+
+    class Config:
+        def record(self):
+            return {"layers": ["kda"]}
+
+    parameters = {n: i for i, n in enumerate(lm_protocol.RECORDED_PARAMETERS)} | {"other": 1}
+    results = {"kda": dict(bpb=3.0, params=10)}
+    record = lm_protocol.live_record(parameters, {"files": 2}, 4.5, results,
+                                     {"kda": Config(), "gdn": Config()}, {"kda": [1], "gdn": [2]})
+    assert list(record) == ["config", "corpus", "unigram_bpb", "platform", "models", "date"]
+    assert record["config"] == {n: parameters[n] for n in lm_protocol.RECORDED_PARAMETERS}
+    assert record["models"] == {"kda": dict(bpb=3.0, params=10, config={"layers": ["kda"]},
+                                            decode=[1])}
+    assert (record["corpus"], record["unigram_bpb"]) == ({"files": 2}, 4.5)
+
