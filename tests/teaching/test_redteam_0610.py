@@ -707,7 +707,7 @@ def _rule_breakers():
         ("09.1", "bf16 latents (2 bytes) against float32 states", lambda kda, mla, h, d, r, w:
          s09.half_context(2 * kda, mla, h, d, r, w) if kda else 1),
         *[("09.2", name, _absorbed_slip(**slip)) for name, slip in (  # teacher s13, 12
-            ("scores without 1 / sqrt(d_k)", dict(scale=1.0)),
+            ("scores without 1 / sqrt(d_qk)", dict(scale=1.0)),
             ("the softmax over the heads, not the tokens", dict(axis=0)),
             ("the weights not normalised (exp only)", dict(normalise=False)),
             ("the latents weighted by the raw scores, no softmax", dict(softmax=False)))],
@@ -941,6 +941,14 @@ def _alternatives():
             return float(entropy(rows) - (entropy(rows[:, :k]) if k else 0))
         return bound
 
+    def bound_scipy(data, k):  # scipy.stats.entropy per context, weighted (09.3 allows scipy)
+        rows = np.lib.stride_tricks.sliding_window_view(np.asarray(data, np.int64), k + 1)
+        keys, which = np.unique(rows[:, :k], axis=0, return_inverse=True) if k else ([0], np.zeros(
+            len(rows), int))
+        counts = [np.unique(rows[which.ravel() == i, k], return_counts=True)[1]
+                  for i in range(len(keys))]
+        return sum(c.sum() * scipy.stats.entropy(c, base=2) for c in counts) / len(rows)
+
     s08, s10 = _solutions("08"), _solutions("10")
     from kda_lib.models import presets
 
@@ -1071,6 +1079,8 @@ def _alternatives():
         ("09.2", "jax.nn.softmax in float32 (jnp), a loop over heads", _solutions(
             "09").absorbed_read_jnp, {}),
         ("09.3", "a dict of contexts, math.log2", bound_loop, {}),
+        ("09.3", "scipy.stats.entropy per context (the page allows scipy; teacher s15, 8)",
+         bound_scipy, {}),
         *[("09.3", f"float32 entropies ({xp.__name__}; teacher s13, 3), seed {seed}",
            bound_entropies(xp), {"seed": seed}) for xp in (np, jnp) for seed in (1, 2, 3, 165)],
         ("10.1", "numpy float32 throughout", reduction_f32, dict(preset=k3, fraction=0.5)),
