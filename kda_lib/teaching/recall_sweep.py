@@ -11,7 +11,9 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   :func:`print_cells` prints them.
 * :func:`kda_family` -- KDA against every other complete mixer, paired by seed: the family of
   comparisons the claims' verdicts are read from; :func:`ordered_in_every_family` -- which
-  ordered rows survive larger families.
+  ordered rows survive larger families; :func:`ordered_ahead` -- the rows ordered on every seed.
+* :func:`recorded_sizes` -- each mixer's parameter count, rebuilt from the runs' model dicts;
+  :func:`size_line` prints them.
 * :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
 * :func:`vote_accuracy` -- MQAR accuracy of voting for the sequence's most frequent value.
 * :func:`stop_label` -- a run's stop, "rising" only where validation rose (net) at the budget.
@@ -19,21 +21,25 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   verdict rules for the paper's two claims.
 * :func:`induction_reads` -- where the two-step (previous-token, induction) circuit reads
   each MQAR answer.
-* :func:`capacity_curve` -- a capacity record's test accuracies per mixer and pairs count.
+* :func:`capacity_curve` -- a capacity record's test accuracies per mixer and pairs count;
+  :func:`print_capacity` prints them; :func:`capacity_reading` -- the numbers notebook 08 reads
+  from them; :func:`recall_errors` -- how many pairs a state can hold exactly, in float64.
 * :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded`,
   :func:`plot_capacity` -- the figures.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from math import factorial
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kda_lib.lab.significance import check_paired, compare_family
+from kda_lib.lab.significance import check_paired, compare_family, sign_flip_p
 from kda_lib.lab.train import record_scores, save_record, summary_line
+from kda_lib.models.tiny_lm import ModelConfig, config_param_count
 from kda_lib.teaching.viz import MODEL_COLORS, token_rows
 
 MIXER_ORDER = ("kda", "gdn", "mamba2", "attention", "attention_conv", "conv")
@@ -121,6 +127,27 @@ def sweep_cells(sweep: dict, min_seeds: int = 3):
     return cells, complete, acc
 
 
+def recorded_sizes(runs) -> dict:
+    """``{mixer: parameter count}``, rebuilt from each run's recorded ``model`` dict; ValueError
+    unless every run's recorded ``params`` is its model's count and each mixer has one model."""
+    sizes, counted = {}, {}
+    for r in runs:
+        model = json.dumps(r["model"], sort_keys=True)  # each distinct model counted once
+        if model not in counted:
+            counted[model] = config_param_count(ModelConfig.from_flat(**r["model"]))
+        count = counted[model]
+        if r["params"] != count or sizes.setdefault(r["mixer"], count) != count:
+            raise ValueError(f"{r['mixer']}: {r['params']} parameters recorded, {count} rebuilt "
+                             f"(another of its runs: {sizes.get(r['mixer'])})")
+    return sizes
+
+
+def size_line(size: dict) -> str:
+    """``parameters: KDA n, GDN m (KDA +x%), ...`` from :func:`recorded_sizes`."""
+    return "parameters: " + ", ".join(f"{label(m)} {n:,d}" + (
+        f" (KDA {size['kda'] / n - 1:+.1%})" if m != "kda" else "") for m, n in size.items())
+
+
 def beyond_reach(runs) -> np.ndarray | None:
     """The runs' test accuracy on the scored positions whose answer lies beyond the conv-only
     model's reach (``beyond_reach_accuracy``: stack), by run; None for a task without it."""
@@ -198,6 +225,13 @@ def ordered_in_every_family(*families: dict, against=("gdn", "mamba2")) -> tuple
                for f in families}  # fmt: skip
     every = set.intersection(*(set(v) for v in ordered.values()))
     return ordered, sorted(k for k in every if k[2].split()[0] in against)
+
+
+def ordered_ahead(tests: dict, task: str) -> set:
+    """``{(T, other)}``: ``task``'s rows of a family of comparisons (keys ``(task, T, other)``)
+    ordered by Holm with KDA ahead on every seed."""
+    return {(t, m) for (name, t, m), c in tests.items()
+            if name == task and c.verdict != "level" and c.above == c.n}
 
 
 def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
@@ -438,6 +472,61 @@ def capacity_curve(record: dict) -> tuple[list[int], dict, dict]:
                 stops.setdefault(mixer, {})[n] = [stop_label(r, tol) for r in runs]
     pairs = sorted(p["setting"]["num_pairs"] for p in record["parts"])
     return pairs, acc, stops
+
+
+def print_capacity(acc: dict, stops: dict) -> None:
+    """One line per mixer of :func:`capacity_curve`'s ``acc`` and ``stops``: at each pairs count
+    n, the mean test accuracy [min, max] over seeds, then an r for each run still rising."""
+    for mixer, by_n in acc.items():
+        print(f"{label(mixer):12s}", "  ".join(
+            f"{n}: {a.mean():.2f} [{a.min():.2f}, {a.max():.2f}]" + "r" * stops[mixer][n].count(
+                "rising") for n, a in by_n.items()))
+
+
+def capacity_reading(acc: dict, head_dim: int, recurrent=("kda", "gdn", "mamba2")) -> dict:
+    """Section 8's numbers from :func:`capacity_curve`'s ``acc`` (d = ``head_dim``), over the
+    ``recurrent`` mixers: "low", the lowest run below d pairs; "best", each one's best seed at
+    2 d and 4 d pairs (2 decimals); "kda below mamba2", at d and 2 d, on how many seeds;
+    "lowest mean", at d, 2 d and 4 d, the mixer of the lowest mean, and "kda mean", KDA's there
+    (2 decimals); "sign-flip p", KDA against mamba2-style at 2 d
+    (:func:`~kda_lib.lab.significance.sign_flip_p`)."""
+    d, kda, mamba2 = head_dim, acc["kda"], acc["mamba2"]
+    return {"low": float(min(acc[m][n].min() for m in recurrent for n in acc[m] if n < d)),
+            "best": {m: [round(float(acc[m][n].max()), 2) for n in (2 * d, 4 * d)]
+                     for m in recurrent},
+            "kda below mamba2": {n: int((kda[n] < mamba2[n]).sum()) for n in (d, 2 * d)},
+            "lowest mean": {n: min(recurrent, key=lambda m: acc[m][n].mean())
+                            for n in (d, 2 * d, 4 * d)},
+            "kda mean": [round(float(kda[n].mean()), 2) for n in (d, 2 * d, 4 * d)],
+            "sign-flip p": sign_flip_p(kda[2 * d], mamba2[2 * d])}
+
+
+def recall_errors(head_dim: int, seed: int = 0) -> dict:
+    """Section 8's rank argument in float64: ``head_dim + 1`` random unit keys in R^head_dim and
+    standard normal values, and the largest recall error |k_j^T S - v_j| over the pairs a state
+    ``S`` [head_dim, head_dim] stores: the first ``head_dim`` pairs (keys linearly independent,
+    not orthogonal: "overlap" is their largest |k_i^T k_j|) in the state that solves k_j^T S =
+    v_j ("solved": exact), in one delta-rule sweep (beta = 1) and in a sum of outer products;
+    the same values under orthonormal keys in one sweep (exact, notebook 01); all ``head_dim +
+    1`` pairs in the least-squares state ("one pair more": no state holds them). Two digits;
+    0 below 1e-12 (float64's rounding)."""
+    keys, values = np.random.default_rng(seed).normal(size=(2, head_dim + 1, head_dim))
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    k, v = keys[:head_dim], values[:head_dim]
+    ortho = np.linalg.qr(k.T)[0].T  # orthonormal rows
+
+    def sweep(keys_):
+        state = np.zeros((head_dim, head_dim))
+        for k_j, v_j in zip(keys_, v, strict=True):
+            state += np.outer(k_j, v_j - k_j @ state)
+        return state
+
+    states = {"solved": (k, v, np.linalg.solve(k, v)), "one sweep": (k, v, sweep(k)),
+              "sum": (k, v, k.T @ v), "orthogonal, one sweep": (ortho, v, sweep(ortho)),
+              "one pair more": (keys, values, np.linalg.lstsq(keys, values, rcond=None)[0])}
+    errors = {name: np.abs(a @ state - b).max() for name, (a, b, state) in states.items()}
+    out = {"overlap": np.abs(k @ k.T - np.eye(head_dim)).max(), **errors}
+    return {name: float(f"{value:.2g}") if value > 1e-12 else 0.0 for name, value in out.items()}
 
 
 def plot_capacity(pairs, acc: dict, head_dim: int, num_heads: int, chance: float) -> plt.Figure:

@@ -136,3 +136,56 @@ def test_the_induction_step_reads_every_mqar_answer_and_is_drawn():
         assert "inputs[2]" in str(error)
     else:
         raise AssertionError("induction_reads accepted a query with no earlier key")
+
+
+def test_recall_errors_rank_not_orthogonality_decides_what_a_state_holds():
+    """08 section 8 (teacher s15, 1): d_k linearly independent, overlapping unit keys are held
+    exactly by the state that solves for them, not by one delta-rule sweep or a sum of outer
+    products; orthonormal keys are held by one sweep; d_k + 1 keys by no state (float64)."""
+    for d, seed in ((8, 0), (8, 3), (4, 1), (16, 2)):
+        room = rs.recall_errors(d, seed)
+        assert room["solved"] == room["orthogonal, one sweep"] == 0, room
+        assert min(room["one sweep"], room["sum"], room["one pair more"]) > 0.1, room
+        assert 0.3 < room["overlap"] < 1, room
+
+
+def test_capacity_reading_print_and_sizes_on_a_hand_made_record(capsys):
+    """capacity_reading's numbers, print_capacity's lines, recorded_sizes' check and
+    ordered_ahead's rows on values made by hand."""
+    from types import SimpleNamespace
+
+    from kda_lib.models.tiny_lm import ModelConfig, config_param_count
+
+    a = np.array
+    acc = {"kda": {2: a([0.99, 0.98, 0.97]), 4: a([0.9, 0.95, 0.97]), 8: a([0.5, 0.4, 0.6]),
+                   16: a([0.1, 0.2, 0.15]), 32: a([0.03, 0.04, 0.05])},
+           "gdn": {n: v + 0.01 for n, v in {2: a([0.9, 0.9, 0.9]), 4: a([0.88, 0.9, 0.9]),
+                                            8: a([0.6, 0.5, 0.4]), 16: a([0.2, 0.1, 0.3]),
+                                            32: a([0.05, 0.05, 0.05])}.items()},
+           "mamba2": {n: np.minimum(v + 0.2, 1) for n, v in {2: a([0.8, 0.8, 0.8]), 4: a([
+               0.8, 0.8, 0.8]), 8: a([0.6, 0.6, 0.6]), 16: a([0.3, 0.3, 0.3]),
+               32: a([0.1, 0.1, 0.1])}.items()}}
+    read = rs.capacity_reading(acc, 8)
+    assert round(read["low"], 6) == 0.89 and read["best"]["kda"] == [0.2, 0.05]
+    assert read["kda below mamba2"] == {8: 3, 16: 3} and read["kda mean"] == [0.5, 0.15, 0.04]
+    assert read["lowest mean"] == {8: "kda", 16: "kda", 32: "kda"} and read["sign-flip p"] == 0.25
+    rs.print_capacity({"kda": acc["kda"]}, {"kda": {n: ["rising", "flat", "rising"] for n in acc[
+        "kda"]}})
+    assert "8: 0.50 [0.40, 0.60]rr" in capsys.readouterr().out
+    model = dict(vocab_size=65, mixer="kda", hidden_size=64, num_layers=1, num_heads=2,
+                 head_dim=8)
+    count = config_param_count(ModelConfig.from_flat(**model))
+    runs = [dict(mixer="kda", model=model, params=count)] * 2
+    assert rs.recorded_sizes(runs) == {"kda": count}
+    assert rs.size_line({"kda": 110, "gdn": 100}) == "parameters: kda 110, gdn 100 (KDA +10.0%)"
+    try:
+        rs.recorded_sizes([*runs, dict(mixer="kda", model=model, params=count + 1)])
+    except ValueError as error:
+        assert "recorded" in str(error)
+    else:
+        raise AssertionError("recorded_sizes accepted a run whose count is not its model's")
+    row = SimpleNamespace(verdict=">", above=5, n=5)
+    tests = {("stack", 64, "gdn"): row, ("stack", 128, "gdn"): SimpleNamespace(
+        verdict="level", above=5, n=5), ("stack", 64, "mamba2"): SimpleNamespace(
+        verdict=">", above=4, n=5), ("mqar", 64, "gdn"): row}
+    assert rs.ordered_ahead(tests, "stack") == {(64, "gdn")}
