@@ -181,13 +181,34 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     assert "NOTEBOOK_NOTES.md#notebook-00" in source and "7568792" not in source  # notes cite it
     assert "2026-12-06-notebooks.json" in notes
     assert 'CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu"' in source
-    # the page says what the bound is and what it measured there, in words a student reads
-    # (teacher s14, #2): the record's 141 epsilons of max|o| = 0.393, over 7 times below 5e-5
+    # the page states the record in words, where it is and at which parameters, and asserts
+    # nothing about it (teacher s15, #1: an assert scaling it by the run's max|o| failed at 5 of
+    # 12 seeds): the record's 141 epsilons of max|o| = 0.393, over 7 times below 5e-5
     page = " ".join(re.sub(r"\n# ?", " ", source).split())
-    assert f"measured {eps} epsilons of max|o|" in page and f"v5e = {eps} * eps32 * scale_o" in page
-    assert "`kda_lib.testing.CHIP_FLOAT32_ATOL` = 5e-5" in page and CHIP_FLOAT32_ATOL == 5e-5
+    assert "data/tests/tpu-v5e/2026-12-06-notebooks.json`: both forms 141 epsilons" in page
+    assert "at the defaults, seed 0" in page and "v5e = " not in page
+    assert not re.search(r"assert .*(141|CHIP_FLOAT32_ATOL ==)", source)
     assert int(eps) * 2.0**-23 * 0.393 < CHIP_FLOAT32_ATOL / 7 and "over 7 times below" in page
     assert not re.search(r"\blent\b", source)
+
+
+def test_00_kda_refuses_a_log_without_the_gate_switch():
+    """Notebook 00's notes (moved off the page, teacher s15, #2): without use_gate_in_kernel=True
+    kda takes g and refuses a_log (and dt_bias) with a ValueError, instead of reading f as g."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+
+    q = k = jnp.full((1, 8, 2, 4), 0.5)
+    v, f, beta = jnp.ones((1, 8, 2, 4)), jnp.zeros((1, 8, 2, 4)), jnp.full((1, 8, 2), 0.5)
+    a_log = kda_lib.init_a_log(jax.random.key(0), 2)
+    dt_bias = kda_lib.init_dt_bias(jax.random.key(1), 2, 4)
+    for extra in (dict(a_log=a_log, dt_bias=dt_bias), dict(dt_bias=dt_bias)):
+        with pytest.raises(ValueError, match="parameter of the in-kernel gate"):
+            kda_lib.kda(q, k, v, f, beta, implementation="chunked", **extra)
+    notes = (NOTEBOOK_DIR.parent / "docs" / "NOTEBOOK_NOTES.md").read_text()
+    assert "test_00_kda_refuses_a_log_without_the_gate_switch" in notes
 
 
 def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
