@@ -15,10 +15,16 @@ def write_map(beta, alpha):
     = alpha (1 - beta)``. Its fixed point ``zeta_inf = beta / (1 - lam)`` (written ``1 - alpha +
     alpha beta`` below, which subtracts no nearly equal numbers) and ``zeta_inf - zeta`` shrinks
     by ``lam`` per write, from ``zeta_inf`` in the empty memory. With ``alpha < 1``, ``zeta_inf <
-    1`` unless ``beta = 1``: a decayed memory never holds all of ``v``. (Where ``alpha`` and
-    ``beta`` are a few float64 ulps from 1 and 0, ``lam`` is within 1e-15 of 1 and ``1 - lam``
-    formed from a float64 ``lam`` keeps no digits; ``1 - alpha`` is exact there.)"""
+    1`` unless ``beta = 1``: a decayed memory never holds all of ``v``."""
     return alpha * (1 - beta), beta / (1 - alpha + alpha * beta)
+
+
+def write_map_natural(beta, alpha):
+    """1, written as derived: ``zeta_inf = beta / (1 - lam)`` in float64. At the checker's beta
+    near 1e-9 ``1 - lam`` keeps about 7 digits of a float64 ``lam`` (the checker asks 6);
+    in float32 it keeps none there, so a float32 answer simplifies ``1 - lam`` by hand."""
+    lam = np.asarray(alpha, np.float64) * (1 - np.asarray(beta, np.float64))
+    return lam, beta / (1 - lam)
 
 
 def write_map_loop(beta, alpha):
@@ -64,7 +70,7 @@ def sweep_error_loop(mu, v1, v2, m):
     """2, written differently: float32 jnp, the two errors carried through ``m`` sweeps by the
     disturbance formula. This simulates the two recall errors, not the memory: no state, so none
     of the rounding of a float64 ``S^T k - v`` (about 1e-16 of ``v``) that the checker's smallest
-    ``mu`` leaves a simulated memory; the checker accepts it (notebook 01's exercise preamble)."""
+    ``mu`` leaves a simulated memory; the checker accepts it (docs/NOTEBOOK_NOTES.md)."""
     import jax.numpy as jnp
 
     mu, e1, e2 = jnp.float32(mu), -jnp.asarray(v1, jnp.float32), -jnp.asarray(v2, jnp.float32)
@@ -83,6 +89,7 @@ def cases():
 
     return [
         ("01.1", write_map, {}, no_decay),
+        ("01.1", write_map_natural, {}, no_decay),
         ("01.1", write_map_loop, {}, no_decay),
         ("01.1", write_map_float32, {}, no_decay),
         ("01.2", sweep_error, {}, one_sweep_factor_mu),

@@ -458,22 +458,6 @@ def _rule_breakers():
 
         return tuple(np.array(x) for x in zip(*map(psi, map(F, np.ravel(beta))), strict=True))
 
-    def two_writes_geometric_limit(beta, alpha):  # 01.1 (teacher s13, #1): two float64 writes
-        z1 = np.float64(beta)  # on a one-channel key (v = 1), lam the ratio of the two gaps and
-        z2 = alpha * z1 + beta * (1 - alpha * z1)  # zeta_inf their geometric limit: right to
-        lam = (z2 - z1) / z1  # 1e-7 at beta ~ 1e-9, no digits where lam is 1e-15 from 1
-        return lam, z1 / (1 - lam)
-
-    def matrix_writes_geometric_limit(beta, alpha):  # 01.1 (teacher s13, #1): the same, read off
-        k, v, S, zetas = np.full(4, 0.5), np.array([1.0, -2.0]), np.zeros((4, 2)), [0.0]
-        for _ in range(2):  # a d_k = 4 state, decayed and written twice
-            S = alpha * S
-            S = S + beta * np.outer(k, v - k @ S)
-            zetas.append(k @ S @ v / (v @ v))
-        lam = (zetas[2] - zetas[1]) / zetas[1]
-        with np.errstate(divide="ignore"):  # lam may round to 1 where beta is tiny
-            return lam, zetas[1] / (1 - lam)
-
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
 
@@ -522,8 +506,6 @@ def _rule_breakers():
         ("01.2", sweeps_simulated),
         ("01.2", formula_at_zero_sweeps),
         ("01.1", exact_fit_per_point),
-        ("01.1", two_writes_geometric_limit),
-        ("01.1", matrix_writes_geometric_limit),
         ("01.2", exact_sweeps),
         ("02.2", exact_solve_per_point),
         ("04.2", do_ten_percent_off_on_ordinary_rows),
@@ -582,28 +564,38 @@ def test_a_slow_answer_that_swallows_exceptions_is_stopped():
     assert (got, hint) == (None, "slow") and time.monotonic() - start < 5
 
 
-def test_01_1_last_trial_leaves_float64_simulations_no_digits():
-    """docs/NOTEBOOK_NOTES.md, notebook 01's exercise 1 (teacher s13, #1): at 01.1's last scalar
-    trial (alpha 1 to 3 float64 ulps below 1, beta a quarter to three quarters of one), 2,000
-    draws: zeta_inf = beta / (1 - lam) with a float64 lam, read off two simulated writes or
-    computed, is 6% off or more; Aitken's delta-squared from the same writes 0.1%; the closed
-    form beta / (1 - alpha + alpha beta) within 3e-16 (the checker asks 1e-6)."""
-    from fractions import Fraction
+def test_01_precise_simulations_pass_as_the_page_says():
+    """Notebook 01's exercise preamble (teacher s15, defects 6 and 7): the checkers judge values
+    only, so a simulation in enough digits passes. 01.1's trials are values a float32 gate makes
+    (beta near 1e-9, alpha 1 or a few float32 ulps below it): there zeta_inf read off two
+    simulated float64 writes (lam the ratio of the two gaps, zeta_inf their geometric limit)
+    keeps about 7 digits and passes, as beta / (1 - lam) does (a row of the solutions' cases);
+    01.2's memory simulated in 80-digit decimals passes too (the review's shortcut)."""
+    from decimal import Decimal, localcontext
 
-    rng, offs = np.random.default_rng(0), {}
-    for _ in range(2000):  # the checker's draw of that trial
-        beta = float(np.float32(rng.uniform(0.25, 0.75) * 2.0**-53))
-        alpha = 1 - int(rng.integers(1, 4)) * 2.0**-53
-        exact = Fraction(beta) / (1 - Fraction(alpha) + Fraction(alpha) * Fraction(beta))
-        z1, z2 = np.float64(beta), alpha * beta + beta * (1 - alpha * beta)  # two writes
-        with np.errstate(divide="ignore"):
-            routes = {"ratio": z1 / (1 - (z2 - z1) / z1), "aitken": z1 * z1 / (2 * z1 - z2),
-                      "computed": beta / (1 - np.float64(alpha) * (1 - beta)),
-                      "closed": beta / (1 - alpha + alpha * beta)}
-        for name, zeta in routes.items():
-            offs.setdefault(name, []).append(abs(zeta / float(exact) - 1))
-    assert min(offs["ratio"] + offs["computed"]) > 0.06 and min(offs["aitken"]) > 1e-3
-    assert max(offs["closed"]) < 3e-16
+    def two_writes_geometric_limit(beta, alpha):  # teacher s13, #1: refused then, at a trial
+        z1 = np.float64(beta)  # with lam 1e-15 from 1 that no float32 gate makes
+        z2 = alpha * z1 + beta * (1 - alpha * z1)
+        lam = (z2 - z1) / z1
+        return lam, z1 / (1 - lam)
+
+    def decimal_sweeps(mu, v1, v2, m):  # two explicit keys, section 3's write, 80 digits
+        with localcontext() as context:
+            context.prec = 80
+            mu = Decimal(mu)
+            keys = [(Decimal(1), Decimal(0)), (mu, (1 - mu * mu).sqrt())]
+            values = [[Decimal(x) for x in v] for v in (v1, v2)]
+            S = [[Decimal(0)] * len(v1) for _ in range(2)]
+            for _ in range(m):
+                for (a, b), v in zip(keys, values, strict=True):
+                    fix = [v[e] - a * S[0][e] - b * S[1][e] for e in range(len(v))]
+                    S = [[S[0][e] + a * fix[e] for e in range(len(v))],
+                         [S[1][e] + b * fix[e] for e in range(len(v))]]
+            return np.array([float(S[0][e] - values[0][e]) for e in range(len(v1))])
+
+    for seed in range(3):
+        assert exercises.verdict("01.1", two_writes_geometric_limit, seed=seed) is None
+        assert exercises.verdict("01.2", decimal_sweeps, seed=seed) is None
 
 
 def test_the_time_limit_counts_cpu_time_not_waiting():
@@ -860,17 +852,13 @@ def test_measured_answers_are_told_that_only_a_formula_gets_there():
     (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at an
     edge trial, where the measurement is rounding noise (01.1: alpha near 1e-8; 02.2: a few ulps
     of the weight), with a hint that says so; so is 01.1's zeta_inf formed as beta / (1 - lam)
-    from a float32 lam (right in float64) where beta is near 1e-9, and from a float64 lam read
-    off two simulated writes (a vector or a matrix state; teacher s13, #1) where lam is within
-    1e-15 of 1."""
+    from a float32 lam (right in float64) where beta is near 1e-9."""
     shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
     shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
     for name, said in (("three_writes_measured", "lam^2 beta"),
                        ("limit_from_float32_r", "float32 lam keeps no digits"),
                        ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
-                       ("rebuilt_two_channel", "rounding noise"),
-                       ("two_writes_geometric_limit", "1e-15 of 1"),
-                       ("matrix_writes_geometric_limit", "1e-15 of 1")):
+                       ("rebuilt_two_channel", "rounding noise")):
         exercise_id, answer = shortcuts[name]
         hint = exercises.verdict(exercise_id, answer)
         assert hint and said in hint and "e-" in hint.split(":")[0], (name, hint)

@@ -34,14 +34,13 @@ def on_grid(answer, name, params, want) -> str | None:
 
 @ex.checker("01.1")
 def write_map(answer, rng):
-    """``answer(beta, alpha) -> (lam, zeta_inf)``; last, float32-exact: alpha ~ 1e-8, beta ~ 1e-9
-    (10^10 steps), 1 - alpha ~ 1e-7, 1 - lam ~ 3 ulps (float32 parts: also at float32's values)."""
+    """``answer(beta, alpha) -> (lam, zeta_inf)``; last, float32-exact as a gate makes them: alpha
+    ~ 1e-8, beta ~ 1e-9 (10^10 steps), 1 - alpha ~ 1e-7 (float32 parts: at float32's values)."""
     uniform = lambda low, high: round(float(rng.uniform(low, high)), 4)
     tiny = lambda scale, low=1.0, high=3.0: float(np.float32(rng.uniform(low, high) * scale))
     for beta, alpha in [(uniform(0.1, 0.9), uniform(0.6, 0.99)), (uniform(0.1, 0.9), 1.0),
                         (1.0, uniform(0.6, 0.99)), (uniform(0.1, 0.9), tiny(1e-8)),
-                        (tiny(1e-9), 1.0), (tiny(1e-9), 1.0 - int(rng.integers(1, 6)) * 2.0**-24),
-                        (tiny(2.0**-53, 0.25, 0.75), 1 - int(rng.integers(1, 4)) * 2.0**-53)]:
+                        (tiny(1e-9), 1.0), (tiny(1e-9), 1.0 - int(rng.integers(1, 6)) * 2.0**-24)]:
         where = f"at beta = {beta!r}, alpha = {alpha!r}"
         got, hint = ex.call_answer(answer, beta, alpha, name="write_map", limit_s=TIME_LIMIT_S,
                                    slow=f"write_map took over {TIME_LIMIT_S:.0f} CPU s {where}")
@@ -62,10 +61,7 @@ def write_map(answer, rng):
                 "with decay the memory never holds all of v" if beta > 1e-6 and alpha < 1
                 and ex.close(got[1], 1.0) else "the limit is the fraction one more step leaves "
                 "unchanged" if beta > 1e-6 else "lam is within 1e-6 of 1: 10^10 steps to simulate;"
-                " 1 - lam from a float32 lam keeps no digits (float64: 7): simplify it by hand"
-                if 1 - alpha + alpha * beta > 1e-15 else "lam is within 1e-15 of 1: 1 - lam from a "
-                "float64 (or long double) lam, computed or read off simulated writes, keeps too "
-                "few digits: simplify it by hand")
+                " 1 - lam from a float32 lam keeps no digits (float64: 7): simplify it by hand")
     betas = rng.permutation(np.r_[rng.uniform(0.05, 0.95, GRID - 2), 2e-9, 1.0])
     alphas = rng.permutation(np.r_[rng.uniform(0.5, 1, GRID - 3), 1.0, 2e-8, 1 - 3 * 2.0**-24])
     return on_grid(answer, "write_map(beta, alpha)", np.meshgrid(*f32(betas, alphas)),
