@@ -369,40 +369,42 @@ for keys_s, values_s in zip(all_keys, all_values, strict=True):
         errs[name].append(recall.recall_errors(states, keys_s, values_s))
 stored = np.tril(np.ones((max_pairs, max_pairs)))  # stored[n, j]: pair j is in memory n
 curves = {n: np.mean([(e * stored).sum(1) / stored.sum(1) for e in errs[n]], 0) for n in errs}
-by_age = {n: np.mean([e[-1, ::-1] for e in errs[n]], 0) for n in errs}  # newest first
+by_seed = {n: np.array([e[-1, ::-1] for e in errs[n]]) for n in errs}  # [seed, age], newest first
+by_age = {n: by_seed[n].mean(0) for n in errs}
 law = np.arange(max_pairs) / key_dim * value_dim / (value_dim - 2 if value_dim > 2 else np.nan)
 
 # %% tags=["hide-input"]
-viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, law=law, title="Associative "
-         f"recall, $d_k = d_v = {key_dim}$, mean over {num_seeds} seeds"), "01_recall_vs_pairs")
+viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, law=law, by_age_seeds=by_seed,
+         title=f"Associative recall, $d_k = d_v = {key_dim}$, mean over {num_seeds} seeds"),
+         "01_recall_vs_pairs")
 
 # %%
 lin, delta_curve = curves["linear attention"], curves["delta rule"]
-if key_dim >= 32 and num_seeds >= 8:  # one seed loses at any d_k, 8 seeds' mean at d_k <= 16
-    assert np.all(delta_curve[1:] < lin[1:]), "on average delta beats linear at every n >= 2"
-assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
 expected = law[at_k := min(key_dim, max_pairs) - 1]  # (n - 1) / d_k d_v / (d_v - 2) at n = d_k
-if value_dim >= 16 and (at_k + 1) * num_seeds >= 128:  # (fewer: the mean's spread is too wide)
-    assert abs(lin[at_k] - expected) < 0.3 * expected, "linear: (n - 1)/d_k d_v/(d_v - 2)"
-newest, second = by_age["delta rule"][:2]  # one seed's: below 1e-3 in 11.5% of draws at d_k = 32
-assert newest < 1e-12 and (num_seeds < 8 or second > 1e-3), "newest exact, the one before not"
+newest, second = by_age["delta rule"][:2]
 old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
-assert max_pairs < 2 * key_dim or old_delta > 1, "beyond capacity, old pairs: worse than nothing"
-display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention; "
-    f"expected {expected:.2f}), {delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: "
-    f"{lin[-1]:.2f}, {delta_curve[-1]:.2f}. Delta rule, all written: newest pair {newest:.0e}, the "
-    f"one before {second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
+assert newest < 1e-12, "beta = 1: the newest pair is recalled exactly"
+below = int(np.sum(delta_curve[1:] < lin[1:]))  # n = 2 .. max_pairs
+display(Markdown(f"Mean errors at $n = 1$: both at most {max(lin[0], delta_curve[0]):.0e}; at "
+    f"$n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention; expected {expected:.2f}), "
+    f"{delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: {lin[-1]:.2f}, "
+    f"{delta_curve[-1]:.2f}. The delta rule's mean is the lower at {below} of the {max_pairs - 1} "
+    f"sizes from $n = 2$ on. Delta rule, all written: newest pair {newest:.0e}, the one before "
+    f"{second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
 
 # %% [markdown]
 # Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted; the
 # factor is $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values of mean square norm 1):
-# the mean here, asserted within 30% at $n = d_k$, cannot tell it from $\frac{n-1}{d_k}$; the
-# notes' pooled test can. The delta rule recalls the newest pair exactly and, averaged over seeds,
-# stays below linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section
-# 3). Single seeds can lose, and miss $10^{-3}$ for the pair before the newest about one draw in
-# nine at $d_k = 32$ (so each is asserted only where it holds: notes). Beyond capacity old pairs
-# end above 1 (right panel). Where one decay per channel beats one per head (facts kept long, a
-# stream turned over fast): the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# the mean printed at $n = d_k$ cannot tell it from $\frac{n-1}{d_k}$; the notes' pooled test
+# can. The delta rule recalls the newest pair exactly (asserted) and, averaged over seeds, stays
+# below linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section 3):
+# printed above. Single seeds can lose, and miss $10^{-3}$ for the pair before the newest about
+# one draw in nine at $d_k = 32$; the tests assert this section's claims at the page's sizes
+# (notes). Beyond capacity old pairs end above 1 (right panel). There each point is a mean of
+# `num_seeds` draws, and its zig-zag is seed noise (bands: one standard error of each mean; dotted:
+# linear attention's expectation, the same at every age, since every pair has $n - 1$ others).
+# Where one decay per channel beats one per head (facts kept long, a stream turned over fast):
+# the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 #
 # ## Summary
 #
@@ -413,19 +415,17 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #
 # ## Exercises
 #
-# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). The checkers judge values only:
-# at the trials named below a float64 simulation of the memory keeps no digits, and an exact one
-# (fractions) outruns the time limit; a loop following 01.2's two recall errors by section 3's
-# formula, no memory kept, passes (one worked solution is such a loop). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Derive each as a formula (NumPy or `jnp`, no `kda_lib`). The checkers judge values only, so a
+# simulation of the memory in enough digits would pass too; that is not the exercise. Worked
+# solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, repeatedly: decay the state by
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
 #    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
 #    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`, for
-#    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$ ($10^{10}$ steps;
-#    a float32 $\lambda$ leaves $1 - \lambda$ no digits) and $\lambda$ within $10^{-15}$ of 1 (nor
-#    does a float64 $\lambda$ there, computed or simulated).
+#    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$, as a float32 gate
+#    can make it ($10^{10}$ steps; a float32 $\lambda$ leaves $1 - \lambda$ no digits).
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance

@@ -33,18 +33,28 @@ def recall_errors(states, keys, values):
     return np.sum((recalled - values[None]) ** 2, -1) / np.sum(values**2, -1)[None]
 
 
-def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str, law=None) -> plt.Figure:
+def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str, law=None,
+                         by_age_seeds=None) -> plt.Figure:
     """Left: mean error against the number of stored pairs ``curves[name] [n]`` (and ``law [n]``,
     linear attention's expected error, dotted); right: the error after every write by age of the
-    pair, ``by_age[name] [n]`` (newest first)."""
+    pair, ``by_age[name] [n]`` (newest first), the mean of ``by_age_seeds[name] [seeds, n]``
+    when given, then with a band of one standard error of that mean (and ``law[-1]``, linear
+    attention's expected error at every age: each pair has the same ``n - 1`` others)."""
     n_max = len(next(iter(curves.values())))
     fig, (ax_n, ax_age) = plt.subplots(1, 2, figsize=(10, 3.8))
     for (name, curve), style in zip(curves.items(), ("-", "--", "-."), strict=False):
         ax_n.plot(np.arange(1, n_max + 1), curve, style, label=name)
-        ax_age.plot(np.arange(n_max), by_age[name], style, label=name)
+        line = ax_age.plot(np.arange(n_max), by_age[name], style, label=name)[0]
+        if by_age_seeds is not None and len(by_age_seeds[name]) > 1:
+            per_seed = np.asarray(by_age_seeds[name])
+            se = per_seed.std(0, ddof=1) / np.sqrt(len(per_seed))
+            ax_age.fill_between(np.arange(n_max), by_age[name] - se, by_age[name] + se,
+                                color=line.get_color(), alpha=0.2, linewidth=0)
     if law is not None:
         ax_n.plot(np.arange(1, n_max + 1), law, ":", color="0.3",
                   label=r"$\frac{n-1}{d_k} \frac{d_v}{d_v-2}$ (linear, expected)")
+        ax_age.axhline(law[-1], color="0.3", linewidth=1, linestyle=(0, (1, 2)),
+                       label="linear, expected (every age)")
     ax_n.axvline(key_dim, color="0.4", linewidth=1, linestyle=":")
     ax_n.annotate(
         f"$n = d_k = {key_dim}$",
@@ -71,11 +81,12 @@ def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str, law=None) 
         fontsize=9,
         color="0.3",
     )
-    ax_age.legend(loc="lower right")
+    ax_age.legend(loc="lower right", fontsize=8)
+    seeds = "" if by_age_seeds is None else f" over {len(next(iter(by_age_seeds.values())))} seeds"
     ax_age.set(
         title=f"After {n_max} writes: error by age of the pair",
         xlabel="age of the pair (writes since it was stored)",
-        ylabel=r"$\|S^\top \mathbf{k} - \mathbf{v}\|^2 / \|\mathbf{v}\|^2$",
+        ylabel=f"mean{seeds} of\n" + r"$\|S^\top \mathbf{k} - \mathbf{v}\|^2 / \|\mathbf{v}\|^2$",
     )
     fig.suptitle(title)
     return fig
