@@ -315,16 +315,13 @@ h, h_mha = tests[("hybrid", "kda")], tests[("hybrid_mha", "kda")]  # hybrid - KD
 gaps, fall = [c.detectable for c in level.values()], [v.mean() for v in late.values()]
 p1, whole = ([d[i] for d in gap.values()] for i in (0, -1))  # position 1; the whole window
 assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
-assert (round(min(gaps), 3), round(max(gaps), 3), round(h.mean, 3)) == (0.038, 0.145, 0.020)
 assert max(late, key=lambda m: late[m].mean()) == "attention"  # falls fastest: the gap narrows
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 assert ordered == {(m, "attention"): "<" for m in gap} and all(flip[k] == 0.0625 and 5 in (
     c.above, c.below) for k, c in tests.items() if c.verdict != "level")  # attention behind all
-assert speed["attention"].min() > max(speed[m].max() for m in gap) and [round(x, 2) for x in (
-    min(p1), max(p1), min(whole), max(whole))] == [0.17, 0.2, 0.21, 0.23]  # the Summary's
-assert all(c.above == c.n == 5 and c.low > 0 for c in at1) and (narrow.argmax(1) == 1).all() and (
-    round(min(c.low for c in at1), 2), runs["kda"][0]["curve"]["step"][1]) == (0.07, 200)  # Summary
+assert speed["attention"].min() > max(speed[m].max() for m in gap)  # the pinned values: claims test
+assert all(c.above == c.n == 5 and c.low > 0 for c in at1) and (narrow.argmax(1) == 1).all()
 
 # %%
 mark = {k: f"{c.mean:+.3f}" + ("" if c.verdict == "level" else " *") for k, c in tests.items()}
@@ -371,7 +368,7 @@ for m, c in context.items():
           f"{control[m].mean():.2f} bpb; per run, z over windows {probe_z[m].round(1)}")
 shown, top = [m for m in names if context[m].verdict == ">"], max(names, key=share.get)
 run_top = max((probe[m] / control[m]).max() for m in names)  # the largest share of one run
-reads = compare_family({(m, "kda"): (probe[m], probe["kda"]) for m in ("hybrid", "hybrid_mha")})
+reads = (vs_kda := lm.probe_against(runs, ("hybrid", "hybrid_mha"), "kda"))["gain_bpb"]  # m - KDA
 display(Markdown(
     f"Above zero after Holm's correction: {shown}: at this budget, on these windows, they read "
     f"beyond 32 bytes, by {max(p.mean() for p in probe.values()):.3f} bits per byte at most on "
@@ -380,10 +377,12 @@ display(Markdown(
               f"{context[m].n} seeds, over 3 window SEs on {int((probe_z[m] > 3).sum())}. "
               for m in names if m not in shown) + "Gain minus pure KDA's, paired by seed (a "
     "global layer in a fourth KDA layer's place; a comparison chosen after reading the record): "
-    + "; ".join(f"{a} {c.describe(' bpb')}" for (a, _), c in reads.items()) + "."))
-assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == context["gdn"].n == 5
-assert [round(x, 3) for x in (share[top], run_top, reads[("hybrid", "kda")].mean, context[
-    "gdn"].p_adjusted)] == [0.018, 0.021, 0.014, 0.13] and {c.above for c in reads.values()} == {5}
+    + "; ".join("{} {}; on the copy windows themselves {}, on the control windows {}".format(
+        m, c.describe(" bpb"), *(lm.brief(vs_kda[p][m]) for p in ("copy_bpb", "control_bpb")))
+        for m, c in reads.items()) + ". Both hybrids **gain more from the copy** than KDA, yet "
+    "neither scores the copy windows better on average: their controls are worse."))
+assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == 5 and all(c.above ==
+    c.n for c in reads.values()) and min(c.mean for v in vs_kda.values() for c in v.values()) > 0
 
 # %% [markdown]
 # ## Summary
@@ -391,13 +390,14 @@ assert [round(x, 3) for x in (share[top], run_top, reads[("hybrid", "kda")].mean
 #   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's is
 #   the same at every context; per token and global layer MHA's grows by $2 H d_k$ floats, MLA's by
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
-# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. On
-#   copies 64 bytes back the MLA hybrid reads better than pure KDA (+0.014 bpb on 5 of 5 seeds;
-#   exploratory). All but GDN are shown to read beyond 32 bytes (GDN: positive on 5 of 5 seeds, not
-#   significant after Holm, p = 0.13), taking at most 1.8% (2.1% in one run) of a copier's possible
-#   saving on the copy windows. Over the window the hybrid is 0.020 bpb worse than KDA (level: the
-#   interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too); five seeds detect only gaps of
-#   0.038 to 0.145 bpb (from uncertain spreads): a protocol, no verdict.
+# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. The
+#   MLA hybrid gains more than pure KDA from a copy 64 bytes back (+0.014 bpb of gain, 5 of 5
+#   seeds; exploratory), yet scores the copy windows no better (+0.011 bpb, worse on 3 of 5): its
+#   control windows are worse (+0.025, 4 of 5). All but GDN are shown to read beyond 32 bytes
+#   (GDN: positive on 5 of 5 seeds, not significant after Holm, p = 0.13), taking at most 1.8%
+#   (2.1% in one run) of a copier's possible saving. Over the window the hybrid is 0.020 bpb worse
+#   than KDA (level: the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too); five
+#   seeds detect only gaps of 0.038 to 0.145 bpb (from uncertain spreads): a protocol, no verdict.
 # - Under the protocol every recurrent model and hybrid beats attention at equal steps early in
 #   training (t-test; sign-flip p 0.0625 at best; the validation gap narrowing from step 200 to
 #   the schedule's end), a gap already there at the first scored byte (0.17-0.20 of the 0.21-0.23

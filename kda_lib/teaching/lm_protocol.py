@@ -9,6 +9,8 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
   another's, over seeds.
 * :func:`gaps_from` -- a model minus others, paired by seed: compared at the first test position,
   and the mean gap at each validation.
+* :func:`probe_against` -- the copy probe's gain of models minus another's, paired by seed, and
+  their scores on the copy and control windows themselves; :func:`brief` one difference in short.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
   byte by position, and both minus a reference model's.
 * :func:`plot_decode_cost`, :func:`plot_live_and_recorded` -- the figures of the notebook's
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kda_lib.lab.significance import Comparison, check_paired, compare
+from kda_lib.lab.significance import Comparison, check_paired, compare, compare_family
 from kda_lib.teaching.viz import MODEL_COLORS
 
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
@@ -81,6 +83,22 @@ def gaps_from(runs: dict, model: str, others) -> tuple[list[Comparison], np.ndar
     curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]], float) for m in models}
     return ([compare(first[model], first[o]) for o in others],
             np.array([(curves[model] - curves[o]).mean(0) for o in others]))
+
+
+def probe_against(runs: dict, models, other: str) -> dict:
+    """``{part: {model: Comparison}}`` of each of ``models`` minus ``other``, paired by seed, for
+    each ``part`` of the copy probe (``r["probe"]``): ``"gain_bpb"`` (control minus copy: how
+    much the copy helps), ``"copy_bpb"`` and ``"control_bpb"`` (bits per byte on the copy and the
+    control windows themselves); Holm over ``models`` within each part. A larger gain need not be
+    a better copy score: it may come from a worse control."""
+    parts = ("gain_bpb", "copy_bpb", "control_bpb")
+    scores = {p: by_seed(runs, lambda r, p=p: r["probe"][p], [*models, other]) for p in parts}
+    return {p: compare_family({m: (s[m], s[other]) for m in models}) for p, s in scores.items()}
+
+
+def brief(c: Comparison) -> str:
+    """``"+0.011 [-0.014, +0.037] bpb, higher on 3 of 5 seeds"``: a paired difference in short."""
+    return f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}] bpb, higher on {c.above} of {c.n} seeds"
 
 
 def one_byte_bound(data) -> float:

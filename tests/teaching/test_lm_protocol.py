@@ -72,6 +72,24 @@ def test_gaps_from_compares_the_first_position_and_averages_the_validation_gaps(
     np.testing.assert_allclose(curve, [[1.0, 1.5]])  # attention: 5 and 4 (+ seed)
 
 
+def test_probe_against_separates_a_larger_gain_from_a_better_copy_score():
+    """Teacher s15 re-read (09, defect 1): the hybrid gains more from the copy than KDA, yet scores
+    the copy windows worse, because its control windows are worse still."""
+    runs, _ = lm_protocol.seed_runs(_record(seeds=(0, 1, 2)), min_seeds=3)
+    runs["hybrid"] = [dict(r, model="hybrid") for r in runs["kda"]]
+    for m, (copy, control) in dict(kda=(3.0, 3.1), hybrid=(3.05, 3.25)).items():
+        for r in runs[m]:
+            s = 0.01 * r["seed"]
+            r["probe"] = dict(copy_bpb=copy + s, control_bpb=control + 2 * s)
+            r["probe"]["gain_bpb"] = r["probe"]["control_bpb"] - r["probe"]["copy_bpb"]
+    parts = lm_protocol.probe_against(runs, ["hybrid"], "kda")
+    gain, copy, control = (parts[p]["hybrid"] for p in ("gain_bpb", "copy_bpb", "control_bpb"))
+    assert (gain.mean, copy.mean, control.mean) == pytest.approx((0.1, 0.05, 0.15))
+    assert gain.above == copy.above == control.above == 3  # larger gain, worse copy score
+    assert lm_protocol.brief(copy).startswith("+0.050 [") and lm_protocol.brief(copy).endswith(
+        "] bpb, higher on 3 of 3 seeds")
+
+
 def test_the_figure_draws_every_model():
     runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
     fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"])

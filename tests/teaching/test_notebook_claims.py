@@ -1634,6 +1634,24 @@ def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
     assert _ordered(hybrids) == {k: ">" for k in hybrids}
     assert [round(np.mean(a - b), 4) for a, b in hybrids.values()] == [0.0135, 0.0186]
     assert all((a > b).all() for a, b in hybrids.values())
+    # a larger gain, not a better copy score (teacher s15 re-read, defect 1): the MLA hybrid - KDA
+    # on the copy windows +0.011 (worse on 3 of 5), on the control windows +0.025 (4 of 5)
+    parts = lm.probe_against(runs, ("hybrid", "hybrid_mha"), "kda")
+    assert [(round(c.mean, 3), c.above) for c in parts["gain_bpb"].values()] == [
+        (0.014, 5), (0.019, 5)]
+    assert [(round(c.mean, 3), c.above) for c in parts["copy_bpb"].values()] == [
+        (0.011, 3), (0.006, 4)]
+    assert [(round(c.mean, 3), c.above) for c in parts["control_bpb"].values()] == [
+        (0.025, 4), (0.024, 4)]
+    assert parts["copy_bpb"]["hybrid"].low < 0 < parts["copy_bpb"]["hybrid"].high
+    from kda_lib.lab.significance import compare_family
+
+    gdn = compare_family({m: (probe[m], np.zeros(5)) for m in models})["gdn"]
+    assert round(gdn.p_adjusted, 2) == 0.13  # the Summary's "p = 0.13"
+    # section 6's pins, moved here from the page (teacher s15 re-read, defect 6): the level pairs
+    # detect gaps of 0.038 to 0.145 at alpha/10
+    gaps = [c.detectable for c in compare_family(pairs).values() if c.verdict == "level"]
+    assert (len(gaps), round(min(gaps), 3), round(max(gaps), 3)) == (6, 0.038, 0.145)
 
 
 def test_attention_gap_as_notebook_09_and_its_notes_state_it():
