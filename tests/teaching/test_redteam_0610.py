@@ -473,6 +473,30 @@ def _beyond_by(over=lambda r: r, masked=True, **slip):
     return answer
 
 
+def _bound_int32(data, k):
+    """09.3 packed into int32 (jnp with x64 off, or astype(np.int32)): k + 1 bytes wrap past 4
+    (teacher s15 re-read, defect 2: accepted on 60 of 60 calls before the k = 4-6 trial)."""
+    d = np.asarray(data).astype(np.int32)
+    code = np.zeros(len(d) - k, np.int32)
+    for j in range(k):
+        code = code * 256 + d[j : len(d) - k + j]
+
+    def entropy(x):
+        p = np.unique(x, return_counts=True)[1] / len(x)
+        return float(-(p * np.log2(p)).sum())
+
+    with np.errstate(over="ignore"):
+        return entropy(code * 256 + d[k:]) - (entropy(code) if k else 0.0)
+
+
+def _bound_capped(data, k, cap=3):
+    """09.3 with the context cut at ``cap`` bytes, scored on data[k:] (accepted 44 of 60)."""
+    d, c = bytes(np.asarray(data, np.uint8)), min(k, cap)
+    pairs = collections.Counter((d[t - c : t], d[t]) for t in range(k, len(d)))
+    contexts = collections.Counter(d[t - c : t] for t in range(k, len(d)))
+    return -sum(n * math.log2(n / contexts[x]) for (x, _), n in pairs.items()) / (len(d) - k)
+
+
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     from kda_lib.teaching.exercises import ch09
@@ -726,6 +750,10 @@ def _rule_breakers():
          lambda d, k: ch09._bound(d, k, start=0)),
         ("09.3", "the last byte before alone, not all k", lambda d, k: s09.context_bound(
             np.asarray(d), min(k, 1))),
+        ("09.3", "bytes packed into int32 (x64 off; teacher s15 re-read, 2)", _bound_int32),
+        ("09.3", "the context cut at 3 bytes (teacher s15 re-read, 2)", _bound_capped),
+        ("09.3", "0 whenever k >= 3 (teacher s15 re-read, 2)", lambda d, k: 0.0 if k >= 3 else (
+            s09.context_bound(d, k))),
         ("10.1", "fraction ignored (the break-even S / c)",
          lambda f, *a: s10.reduction_context(0.0, *a)),
         ("10.1", "the KDA state without its conv history", lambda f, kda, glob, h, d, w, *a:
@@ -1575,3 +1603,19 @@ def test_09_1_the_page_formula_w_minus_1_without_a_clamp_passes(seed):
         return math.inf if mla == 0 else max(1, -(-fixed // (4 * mla * r)))
 
     assert exercises.verdict("09.1", half_literal, **{**_cases()["09.1"][1], "seed": seed}) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_09_3_short_contexts_are_refused_with_a_hint(seed):
+    """Teacher s15 re-read (09, defect 2): every call has a trial at k = 4 to 6 with a bound near 1
+    to 1.5 bits, so int32 packing and a context cut at 3 bytes are refused, the hint naming the
+    packing's width or negative bits; the worked solutions still pass."""
+    from kda_lib.teaching.exercises import ch09
+
+    s09 = _solutions("09")
+    for answer in (_bound_int32, _bound_capped):
+        hint = exercises.verdict("09.3", answer, seed=seed)
+        assert hint and ("int32" in hint or "never negative" in hint), hint
+    assert exercises.verdict("09.3", s09.context_bound, seed=seed) is None
+    data, k = ch09._strings(np.random.default_rng(seed))[-1]
+    assert 4 <= k <= 6 and ch09._bound(data, k) > 1.0

@@ -14,8 +14,7 @@ from kda_lib.teaching import exercises as ex
 _NAMES = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size")
 
 
-def _kda_layer(heads, key_dim, conv_size) -> int:
-    """Bytes of one KDA layer's decode cache."""
+def _kda_layer(heads, key_dim, conv_size) -> int:  # bytes of one KDA layer's decode cache
     return 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
 
 
@@ -105,7 +104,7 @@ def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
 
 
 def _strings(rng) -> list:
-    """(uint8 string, k): a 12-byte Markov chain, a text, noise; k = 0, k with contexts unique."""
+    """(uint8 string, k): a 12-byte Markov chain, a text, noise, 3 bytes drawn alike (k = 4-6)."""
     symbols = rng.choice(256, 12, replace=False)
     steps, state, chain = rng.dirichlet(np.full(12, 0.3), size=12), 0, []
     for _ in range(int(rng.integers(1500, 2500))):
@@ -113,8 +112,10 @@ def _strings(rng) -> list:
         chain.append(symbols[state])
     text = np.frombuffer(b"def f(x):\n    return x + 1\n" * 30 + bytes(range(200, 256)), np.uint8)
     noise = rng.integers(0, 256, int(rng.integers(300, 600))).astype(np.uint8)
+    three = symbols[rng.integers(0, 3, int(rng.integers(2500, 3500)))].astype(np.uint8)  # bound > 1
     return [(np.asarray(chain, np.uint8), int(rng.integers(1, 4))), (text, int(rng.integers(1, 5))),
-            (noise, 1), (text, 0), (noise, int(rng.integers(3, 6)))]
+            (noise, 1), (text, 0), (noise, int(rng.integers(3, 6))),
+            (three, int(rng.integers(4, 7)))]
 
 
 # 09.3's tolerance: float32 entropies (numpy, jnp) land within 2.0e-5 relative at seeds 0-199; the
@@ -127,19 +128,18 @@ def context_bound(answer, rng):
     """``answer(data, k) -> float``: bits per byte of ``data[k:]`` under ``data``'s own frequencies
     of a byte after its ``k`` bytes (unsmoothed; k = 1 is ``lm.one_byte_bound``); no kda_lib."""
     for data, k in _strings(rng):
-        want = _bound(data, k)
         got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)", refuse={
-            "shape": (), "allow_zeros": want == 0, "what": "the bits per byte"})
+            "shape": (), "allow_zeros": (want := _bound(data, k)) == 0, "what": "bits per byte"})
         if hint:
             return hint
         if ex.close(got, want, BOUND_RTOL, floor=1.0):
             continue
-        slips = {"bits, not nats: log base 2": _bound(data, k, log=np.log),
-                 "unsmoothed: the bound uses the string's own frequencies": _bound(data, k,
-                                                                                   smoothing=1.0),
+        slips = {"bits, not nats: log base 2": _bound(data, k, log=np.log), "unsmoothed: the "
+                 "bound uses the string's own frequencies": _bound(data, k, smoothing=1.0),
                  "score only the bytes that have k bytes before them, data[k:]": _bound(
                      data, k, start=0), "condition on the k bytes before": _bound(data, 0)}
         text = next((t for t, v in slips.items() if k and ex.close(got, v, BOUND_RTOL, 1.0)),
-                    "count each (k bytes, next byte) pair and each k-byte context in data; mind "
-                    "uint8 overflow if you pack bytes into one number")
+                    "count each (k bytes, next byte) pair and each k-byte context in data, all k "
+                    "bytes (packed into one number, k + 1 bytes need 8 (k + 1) bits: no uint8 or "
+                    "int32)" if got >= 0 else "bits per byte are never negative")
         return f"wrong on a {data.size}-byte string at k = {k}: {text}"
