@@ -41,10 +41,11 @@ def absorbed_read(q, latents, w_k, w_v):
     the softmax weights the latents, ``read``, and W^V_h maps that one vector. No key or value
     is formed.
 
-    Explain why (model answer): at context T the expanded read forms T keys and values, 2 T d_c
+    Explain why (model answer): at context T the expanded read forms T keys and T values, T d_c
     (d_qk + d_v) multiply-adds a head, then scores and weights them, T (d_qk + d_v); the absorbed
     read pays d_c (d_qk + d_v) once and 2 T d_c for the scores and the weighted sum. The term in
-    T shrinks from about 2 d_c (d_qk + d_v) to 2 d_c a head: decoding reads only the latents."""
+    T shrinks from about d_c (d_qk + d_v) to 2 d_c a head, a factor (d_qk + d_v) / 2: decoding
+    reads only the latents."""
     q_latent = np.einsum("hk,hkc->hc", q, w_k)
     scores = q_latent @ np.asarray(latents).T / math.sqrt(q.shape[1])
     weights = np.exp(scores - scores.max(axis=1, keepdims=True))
