@@ -9,6 +9,8 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 * :func:`sweep_cells` -- a recorded sweep's runs per cell at the tuned rate, sorted by seed,
   and which cells are complete (enough seeds, best rate strictly inside its grid);
   :func:`print_cells` prints them.
+* :func:`check_protocol` -- a recorded sweep's protocol (test stream, tuning seed never
+  reported, the same seeds in every complete cell), or ValueError.
 * :func:`kda_family` -- KDA against every other complete mixer, paired by seed: the family of
   comparisons the claims' verdicts are read from; :func:`ordered_in_every_family` -- which
   ordered rows survive larger families; :func:`ordered_ahead` -- the rows ordered on every seed.
@@ -23,7 +25,8 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   each MQAR answer.
 * :func:`capacity_curve` -- a capacity record's test accuracies per mixer and pairs count;
   :func:`print_capacity` prints them; :func:`capacity_reading` -- the numbers notebook 08 reads
-  from them; :func:`recall_errors` -- how many pairs a state can hold exactly, in float64.
+  from them (the vote level its floor); :func:`recall_errors` -- how many pairs a state can hold
+  exactly, in float64; :func:`tuning_steps` -- a sweep's steps to solve per tuning rate.
 * :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded`,
   :func:`plot_capacity` -- the figures.
 """
@@ -125,6 +128,25 @@ def sweep_cells(sweep: dict, min_seeds: int = 3):
         c: np.array([record_scores(r)[reported]["accuracy"] for r in rs]) for c, rs in cells.items()
     }
     return cells, complete, acc
+
+
+def check_protocol(sweep: dict, cells: dict, complete: set, num_seeds: int) -> set:
+    """The reported seeds of a recorded sweep (``sweep_cells``'s ``cells``, ``complete``) whose
+    protocol is as notebook 08 states it, else ValueError naming what is not: protocol 2, every
+    run scored on the test stream, the tuning seed never reported, ``num_seeds`` reported seeds,
+    the same in every complete cell."""
+    runs, setting = sweep["runs"], sweep["setting"]
+    reported = {r["training"]["seed"] for r in runs if r["phase"] == "seeds"}
+    problems = [why for why, bad in (
+        ("not protocol 2", setting.get("protocol_version") != 2),
+        ("a run without a test score", not all(record_scores(r)["test"] for r in runs)),
+        ("the tuning seed reported", setting.get("tune_seed") in reported),
+        (f"{len(reported)} reported seeds, not {num_seeds}", len(reported) != num_seeds),
+        ("a complete cell without the reported seeds", any(
+            {r["training"]["seed"] for r in cells[c]} != reported for c in complete))) if bad]
+    if problems:
+        raise ValueError("check_protocol: " + "; ".join(problems))
+    return reported
 
 
 def recorded_sizes(runs) -> dict:
@@ -483,22 +505,36 @@ def print_capacity(acc: dict, stops: dict) -> None:
                 "rising") for n, a in by_n.items()))
 
 
-def capacity_reading(acc: dict, head_dim: int, recurrent=("kda", "gdn", "mamba2")) -> dict:
+def capacity_reading(acc: dict, head_dim: int, num_values: int,
+                     recurrent=("kda", "gdn", "mamba2")) -> dict:
     """Section 8's numbers from :func:`capacity_curve`'s ``acc`` (d = ``head_dim``), over the
     ``recurrent`` mixers: "low", the lowest run below d pairs; "best", each one's best seed at
-    2 d and 4 d pairs (2 decimals); "kda below mamba2", at d and 2 d, on how many seeds;
-    "lowest mean", at d, 2 d and 4 d, the mixer of the lowest mean, and "kda mean", KDA's there
-    (2 decimals); "sign-flip p", KDA against mamba2-style at 2 d
-    (:func:`~kda_lib.lab.significance.sign_flip_p`)."""
+    2 d and 4 d pairs (2 decimals); "kda below mamba2", at d and 2 d, on how many seeds; "kda
+    mean", KDA's mean at d, 2 d and 4 d (2 decimals); "vote", the vote level at every pairs
+    count of KDA's (:func:`vote_accuracy` over ``num_values`` values, 3 decimals: the score of a
+    rule blind to which key each value follows); "means at 2d", each one's mean there (2
+    decimals); "above vote", each one's runs above the vote level at 2 d and 4 d; "sign-flip p",
+    KDA against mamba2-style at 2 d (:func:`~kda_lib.lab.significance.sign_flip_p`)."""
     d, kda, mamba2 = head_dim, acc["kda"], acc["mamba2"]
+    vote = {n: vote_accuracy(n, num_values) for n in kda}
     return {"low": float(min(acc[m][n].min() for m in recurrent for n in acc[m] if n < d)),
             "best": {m: [round(float(acc[m][n].max()), 2) for n in (2 * d, 4 * d)]
                      for m in recurrent},
             "kda below mamba2": {n: int((kda[n] < mamba2[n]).sum()) for n in (d, 2 * d)},
-            "lowest mean": {n: min(recurrent, key=lambda m: acc[m][n].mean())
-                            for n in (d, 2 * d, 4 * d)},
             "kda mean": [round(float(kda[n].mean()), 2) for n in (d, 2 * d, 4 * d)],
+            "vote": {n: round(float(v), 3) for n, v in vote.items()},
+            "means at 2d": {m: round(float(acc[m][2 * d].mean()), 2) for m in recurrent},
+            "above vote": {m: [int((acc[m][n] > vote[n]).sum()) for n in (2 * d, 4 * d)]
+                           for m in recurrent},
             "sign-flip p": sign_flip_p(kda[2 * d], mamba2[2 * d])}
+
+
+def tuning_steps(sweep: dict, task: str, mixers, rates) -> dict:
+    """``{mixer: [steps to the sweep's solved level at each of rates]}`` over a recorded sweep's
+    tuning runs (``phase`` "tune") on ``task`` (None: never solved)."""
+    steps = {(r["mixer"], r["training"]["learning_rate"]): solve_step(r, sweep["setting"]["solved"])
+             for r in sweep["runs"] if (r.get("phase"), r["task"]) == ("tune", task)}
+    return {m: [steps[(m, lr)] for lr in rates] for m in mixers}
 
 
 def recall_errors(head_dim: int, seed: int = 0) -> dict:
@@ -529,10 +565,12 @@ def recall_errors(head_dim: int, seed: int = 0) -> dict:
     return {name: float(f"{value:.2g}") if value > 1e-12 else 0.0 for name, value in out.items()}
 
 
-def plot_capacity(pairs, acc: dict, head_dim: int, num_heads: int, chance: float) -> plt.Figure:
+def plot_capacity(pairs, acc: dict, head_dim: int, num_heads: int, chance: float,
+                  vote: dict | None = None) -> plt.Figure:
     """Mean test accuracy against the number of pairs (log scale), bars from the lowest seed to
     the highest, each mixer nudged sideways; a vertical line at a head's key dimension d_k and a
-    dashed one at the layer's num_heads * d_k; chance dotted."""
+    dashed one at the layer's num_heads * d_k (where exact recall must fail); chance dotted;
+    ``vote`` ({n: level}, :func:`capacity_reading`'s "vote"), the vote level, dash-dot."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
     for mixer in (m for m in MIXER_ORDER if m in acc):
         ns = [n for n in pairs if n in acc[mixer]]
@@ -542,10 +580,13 @@ def plot_capacity(pairs, acc: dict, head_dim: int, num_heads: int, chance: float
         ax.errorbar(x, mean, yerr=[mean - [v.min() for v in a], [v.max() for v in a] - mean],
                     color=COLORS[mixer], marker=MARKERS[mixer], capsize=3, label=label(mixer))
     ax.axvline(head_dim, color="0.55", linewidth=2.5, alpha=0.5, zorder=0,
-               label=f"$d_k$ = {head_dim} (one head)")  # behind the points
+               label=f"$d_k$ = {head_dim}: exact recall's limit, one head")  # behind the points
     ax.axvline(num_heads * head_dim, color="0.55", linestyle="--", linewidth=1.5, zorder=0,
-               label=f"{num_heads} heads x $d_k$ = {num_heads * head_dim}")
+               label=f"{num_heads} heads x $d_k$ = {num_heads * head_dim}: the layer's")
     ax.axhline(chance, color="0.3", linestyle=":", linewidth=1.2, label="chance")
+    if vote:
+        ax.plot(list(vote), list(vote.values()), color="0.3", linestyle="-.", linewidth=1.2,
+                label="vote level (no key bound)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(pairs, [str(n) for n in pairs])
     ax.minorticks_off()

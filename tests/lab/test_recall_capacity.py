@@ -58,7 +58,11 @@ def test_the_capacity_figure_draws_every_mixer_and_the_key_dimension():
             for s in (0, 1, 2)]} for n in (16, 4, 64)]}
     pairs, acc, _ = rs.capacity_curve(record)
     assert pairs == [4, 16, 64]
-    fig = rs.plot_capacity(pairs, acc, head_dim=8, num_heads=2, chance=1 / 32)
+    vote = {n: round(rs.vote_accuracy(n, 32), 3) for n in pairs}  # as capacity_reading's
+    fig = rs.plot_capacity(pairs, acc, head_dim=8, num_heads=2, chance=1 / 32, vote=vote)
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert {"kda", "gdn", "$d_k$ = 8 (one head)"} <= set(labels), labels
+    assert {"kda", "gdn", "$d_k$ = 8: exact recall's limit, one head",
+            "vote level (no key bound)"} <= set(labels), labels
+    (line,) = [x for x in ax.get_lines() if x.get_label() == "vote level (no key bound)"]
+    assert line.get_ydata().tolist() == [0.295, 0.15, 0.085], line.get_ydata()

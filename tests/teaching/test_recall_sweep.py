@@ -3,6 +3,7 @@ on records built by hand (the recorded sweep itself: tests/teaching/test_noteboo
 
 import matplotlib
 import numpy as np
+import pytest
 
 from kda_lib.teaching import recall_sweep as rs
 
@@ -165,10 +166,13 @@ def test_capacity_reading_print_and_sizes_on_a_hand_made_record(capsys):
            "mamba2": {n: np.minimum(v + 0.2, 1) for n, v in {2: a([0.8, 0.8, 0.8]), 4: a([
                0.8, 0.8, 0.8]), 8: a([0.6, 0.6, 0.6]), 16: a([0.3, 0.3, 0.3]),
                32: a([0.1, 0.1, 0.1])}.items()}}
-    read = rs.capacity_reading(acc, 8)
+    read = rs.capacity_reading(acc, 8, 32)
     assert round(read["low"], 6) == 0.89 and read["best"]["kda"] == [0.2, 0.05]
     assert read["kda below mamba2"] == {8: 3, 16: 3} and read["kda mean"] == [0.5, 0.15, 0.04]
-    assert read["lowest mean"] == {8: "kda", 16: "kda", 32: "kda"} and read["sign-flip p"] == 0.25
+    assert read["vote"] == {2: 0.516, 4: 0.295, 8: 0.208, 16: 0.15, 32: 0.11}  # 32 values
+    assert read["means at 2d"] == {"kda": 0.15, "gdn": 0.21, "mamba2": 0.5}
+    assert read["above vote"] == {"kda": [2, 0], "gdn": [2, 0], "mamba2": [3, 3]}
+    assert read["sign-flip p"] == 0.25
     rs.print_capacity({"kda": acc["kda"]}, {"kda": {n: ["rising", "flat", "rising"] for n in acc[
         "kda"]}})
     assert "8: 0.50 [0.40, 0.60]rr" in capsys.readouterr().out
@@ -189,3 +193,38 @@ def test_capacity_reading_print_and_sizes_on_a_hand_made_record(capsys):
         verdict="level", above=5, n=5), ("stack", 64, "mamba2"): SimpleNamespace(
         verdict=">", above=4, n=5), ("mqar", 64, "gdn"): row}
     assert rs.ordered_ahead(tests, "stack") == {(64, "gdn")}
+
+
+def test_tuning_steps_reads_the_tuning_runs_only():
+    """tuning_steps (08 section 8's rate caveat, teacher s15 re-read, 3): steps to the solved
+    level per tuning rate; seed runs and other tasks are not read, a run never solved is None."""
+    def run(mixer, lr, acc, phase="tune", task="mqar"):
+        return dict(mixer=mixer, task=task, phase=phase, training=dict(learning_rate=lr),
+                    curve=dict(step=[100, 200, 300], accuracy=acc))
+    sweep = {"setting": {"solved": 0.99}, "runs": [
+        run("kda", 0.003, [0.5, 0.99, 1]), run("kda", 0.01, [0.5, 0.9, 0.995]),
+        run("gdn", 0.003, [0.99, 1, 1]), run("gdn", 0.01, [0.2, 0.3, 0.4]),
+        run("kda", 0.003, [1, 1, 1], phase="seeds"), run("kda", 0.01, [1, 1, 1], task="stack")]}
+    assert rs.tuning_steps(sweep, "mqar", ("kda", "gdn"), (0.003, 0.01)) == {
+        "kda": [200, 300], "gdn": [100, None]}
+
+
+def test_check_protocol_names_each_break():
+    """check_protocol (08 section 6's protocol asserts, moved): the reported seeds of a sound
+    record; a ValueError naming each break otherwise."""
+    def run(seed, phase="seeds", test=True):
+        return dict(phase=phase, training=dict(seed=seed), test={"accuracy": 1} if test else None)
+    runs = [run(9, "tune"), run(0), run(1)]
+    sweep = {"setting": {"protocol_version": 2, "tune_seed": 9}, "runs": runs}
+    cells = {("mqar", "kda", 64): runs[1:], ("mqar", "gdn", 64): runs[1:2]}
+    assert rs.check_protocol(sweep, cells, {("mqar", "kda", 64)}, 2) == {0, 1}
+    for broken, why in (
+            (dict(sweep, setting={"protocol_version": 1, "tune_seed": 9}), "not protocol 2"),
+            (dict(sweep, runs=[*runs, run(2, test=False)]), "without a test score"),
+            (dict(sweep, runs=[*runs, run(9)]), "tuning seed reported")):
+        with pytest.raises(ValueError, match=why):
+            rs.check_protocol(broken, cells, {("mqar", "kda", 64)}, 2)
+    with pytest.raises(ValueError, match="2 reported seeds, not 5"):
+        rs.check_protocol(sweep, cells, {("mqar", "kda", 64)}, 5)
+    with pytest.raises(ValueError, match="complete cell"):
+        rs.check_protocol(sweep, cells, set(cells), 2)
