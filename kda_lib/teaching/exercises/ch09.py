@@ -79,7 +79,7 @@ def absorbed_read(answer, rng, **_):
     into the query and W^V into the output ([H, d_c], [H, d_c], [H, d_v]); three drawn shapes of
     2-4 heads and unequal widths, scores of order 1; 1e-4 relative (float32 passes)."""
     for t in rng.integers(3, 40, 3):
-        h, (dk, dv, dc) = int(rng.integers(2, 5)), rng.choice(np.arange(2, 17), 3, replace=False)
+        h, (dk, dv, dc) = int(rng.integers(2, 5)), rng.choice(range(2, 17), 3, False).tolist()
         args = [rng.standard_normal(s) / np.sqrt(s[-1] if len(s) > 2 else 1) for s in (
             (h, dk), (t, dc), (h, dk, dc), (h, dv, dc))]
         got, hint = ex.call_answer(answer, *(a.copy() for a in args),
