@@ -417,14 +417,14 @@ assert read["means at 2d"] == {"kda": 0.16, "gdn": 0.17, "mamba2": 0.57}
 #    their scored `mask`, a `[B, T]` bool array, True where a scored position's answer (the top of
 #    the stack after it) was pushed more than `reach` tokens earlier; checked on drawn stacks.
 # 3. **Three time scales in one head.** A KDA head whose key, query, gate and $\beta$ are the same
-#    at every token filters its input with $\phi(\nu) = \beta\, \mathbf q^\top A^\nu \mathbf k$, $A
-#    = (I - \beta \mathbf k \mathbf k^\top) D$; with a scalar gate ($D = \alpha I$) that is one
-#    exponential whatever $\mathbf k$ and $\mathbf q$ (show it). Build a three-channel head (decays
-#    $e^{g_c} \in (0, 1]$, $\beta \in [0.05, 1]$, unit key $\mathbf k$; $\mathbf q$ of any length,
-#    the scale the output RMSNorm divides out) whose filter over 256 lags is the mean of three
+#    at every token filters its input with $\phi(\nu) = \beta\, \mathbf q^\top A^\nu \mathbf k$,
+#    $A = (I - \beta \mathbf k \mathbf k^\top) D$; with a scalar gate ($D = \alpha I$) that is one
+#    exponential whatever $\mathbf k$ and $\mathbf q$ (show it). Build a three-channel head
+#    (decays $e^{g_c} \in (0, 1]$, $\beta \in [0.05, 1]$, unit key $\mathbf k$; $\mathbf q$ of any
+#    length, its scale divided out by the RMSNorm) whose filter over 256 lags is the mean of three
 #    exponentials of given half-lives: `three_time_scales(half_lives)` -> a dict `decays` (the
-#    $e^{g_c}$), `beta`, `k`, `q` (notes). Hint: $A$ is similar to $D - \mathbf u \mathbf u^\top$
-#    ($u_c^2 = \beta e^{g_c} k_c^2$), whose eigenvalues interlace the decays.
+#    $e^{g_c}$), `beta`, `k`, `q`, derived (no scipy; notes). Hint: $A$ is similar to $D - \mathbf
+#    u \mathbf u^\top$ ($u_c^2 = \beta e^{g_c} k_c^2$), whose eigenvalues interlace the decays.
 
 # %%
 from kda_lib.teaching import exercises
