@@ -409,7 +409,7 @@ assert read["means at 2d"] == {"kda": 0.16, "gdn": 0.17, "mamba2": 0.57}
 #    Write `vote_level(n_pairs, probs)` (no kda_lib): its expected accuracy, the values drawn
 #    independently, value i with probability `probs[i]` (section 5's: uniform); checked to five
 #    digits (no simulation gets that close). Hint: first, section 5's weakest rule, a uniformly
-#    picked pair's value, is right with probability $1/n + \frac{n-1}{n} \sum_i p_i^2$ (the pair
+#    picked pair's value, is right with probability `1/n + (n-1)/n * sum(probs**2)` (the pair
 #    itself, or another drawn the same value). The vote does better: E[largest count] = sum over k
 #    of P(largest count >= k); sum the probabilities of the counts with every value below k.
 # 2. **The pops beyond the conv reach** (section 6's right panel). Write `beyond_reach(inputs, mask,
