@@ -320,8 +320,11 @@ assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summa
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 assert ordered == {(m, "attention"): "<" for m in gap} and all(flip[k] == 0.0625 and 5 in (
     c.above, c.below) for k, c in tests.items() if c.verdict != "level")  # attention behind all
-assert speed["attention"].min() > max(speed[m].max() for m in gap)  # the pinned values: claims test
+assert speed["attention"].min() > max(speed[m].max() for m in gap)  # no claim at equal wall time
 assert all(c.above == c.n == 5 and c.low > 0 for c in at1) and (narrow.argmax(1) == 1).all()
+assert [round(x, 3) for x in (min(gaps), max(gaps), h.mean)] == [0.038, 0.145, 0.020] and [round(
+    x, 2) for x in (min(p1), max(p1), min(whole), max(whole), min(c.low for c in at1))] == [
+    0.17, 0.20, 0.21, 0.23, 0.07] and runs["kda"][0]["curve"]["step"][1] == 200  # the Summary's
 
 # %%
 mark = {k: f"{c.mean:+.3f}" + ("" if c.verdict == "level" else " *") for k, c in tests.items()}
@@ -350,19 +353,14 @@ display(Markdown(
     "equal wall time:** attention's slowest run trained faster than every other model's fastest."))
 
 # %% [markdown]
-# **Does every model read beyond its last 32 bytes?** The *copy probe* (`kda_lib.lab.corpus.
-# copy_probe_windows`, test split): copy windows repeat their first 64 bytes; control windows put
-# other text there but keep the same last 32 bytes before each scored byte, so a model that sees
-# only 32 bytes back scores both alike. The gain (control minus copy), as a share of the control's
-# bits (an exact copier saves nearly all of them); against 0 (Holm over five), in SEs.
+# **Does every model read beyond its last 32 bytes?** The *copy probe* (`corpus.copy_probe_windows`,
+# test split): copy windows repeat their first 64 bytes; control windows put other text there, with
+# the same 32 bytes before each scored byte, so a model seeing 32 bytes back scores both alike. The
+# gain (control minus copy), as a share of the control's bits; against 0 (Holm over five), in SEs.
 
 # %%
-probe, probe_z, control = (lm.by_seed(runs, f, names) for f in (  # control: bits a copy could save
-    lambda r: r["probe"]["gain_bpb"], lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"],
-    lambda r: r["probe"]["control_bpb"]))
+probe, probe_z, control, share, context = lm.probe_scores(runs, names)  # context: gain against 0
 assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in runs for r in runs[m]} == {(32, 64)}
-share = {m: probe[m].mean() / control[m].mean() for m in names}
-context = compare_family({m: (probe[m], np.zeros(probe[m].size)) for m in names}, alpha=ALPHA)
 for m, c in context.items():
     print(f"{m:10s} copy probe {c.describe(' bpb')}, {share[m]:.1%} of the control's "
           f"{control[m].mean():.2f} bpb; per run, z over windows {probe_z[m].round(1)}")
@@ -383,6 +381,8 @@ display(Markdown(
     "neither scores the copy windows better on average: their controls are worse."))
 assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == 5 and all(c.above ==
     c.n for c in reads.values()) and min(c.mean for v in vs_kda.values() for c in v.values()) > 0
+assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in vs_kda.values()),
+    context["gdn"].p_adjusted)] == [0.018, 0.021, 0.014, 0.011, 0.025, 0.13]  # the Summary's
 
 # %% [markdown]
 # ## Summary
@@ -422,10 +422,10 @@ assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == 5 a
 #    out)`: each head's query in latent space, the latents weighted by the softmax over $t$ of
 #    $\mathbf q_h^\top \mathbf k_{t,h} / \sqrt{d_{qk}}$, and $W^V_h$ times that (*explain why*,
 #    open: which way costs less a step at context $T$?).
-# 3. **The k-byte bound.** Section 2's one-byte bound is the bits per byte of the best predictor
-#    of a byte from the one before, fitted on the data it scores. Write `context_bound(data, k)`
-#    (numpy or scipy, no kda_lib) for the `k` bytes before, scored on `data[k:]` (`k = 0` too).
-#    *Explain why* (open): why does it reach 0 as `k` grows, and why is that no bound for a model?
+# 3. **Longer contexts.** Section 2's one-byte bound is the bits per byte of the best predictor of
+#    a byte from the one before, fitted on the data it scores. Write `context_bound(data, order)`
+#    (numpy or scipy, no kda_lib) for the `order` bytes before, scored on `data[order:]` (0 too).
+#    *Explain why* (open): why does it reach 0 as `order` grows; why is that no bound for a model?
 
 # %%
 from kda_lib.teaching import exercises
@@ -437,7 +437,7 @@ answer = None  # 1: a function half_context(kda_layers, mla_layers, ..., conv_si
 exercises.check("09.1", answer, shape=shape)
 answer = None  # 2: a function absorbed_read(q, latents, w_k, w_v) -> (q_latent, read, out)
 exercises.check("09.2", answer)
-answer = None  # 3: a function context_bound(data, k) -> bits per byte (a float)
+answer = None  # 3: a function context_bound(data, order) -> bits per byte (a float)
 exercises.check("09.3", answer)
 
 # %% [markdown]

@@ -9,6 +9,7 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
   another's, over seeds.
 * :func:`gaps_from` -- a model minus others, paired by seed: compared at the first test position,
   and the mean gap at each validation.
+* :func:`probe_scores` -- the copy probe's gain, its z over windows and the control, by seed.
 * :func:`probe_against` -- the copy probe's gain of models minus another's, paired by seed, and
   their scores on the copy and control windows themselves; :func:`brief` one difference in short.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
@@ -83,6 +84,20 @@ def gaps_from(runs: dict, model: str, others) -> tuple[list[Comparison], np.ndar
     curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]], float) for m in models}
     return ([compare(first[model], first[o]) for o in others],
             np.array([(curves[model] - curves[o]).mean(0) for o in others]))
+
+
+def probe_scores(runs: dict, models) -> tuple[dict, dict, dict, dict, dict]:
+    """``(gain, z, control, share, above_zero)``: per model, by seed (:func:`by_seed`), the copy
+    probe's gain (control minus copy bits per byte), the gain over its windows' standard error,
+    and the control windows' bits per byte (what an exact copier could save); ``share[model]``
+    the mean gain over the mean control; ``above_zero[model]`` the gain against 0, paired t, Holm
+    over ``models`` (:func:`kda_lib.lab.significance.compare_family`)."""
+    gain, z, control = (by_seed(runs, f, models) for f in (
+        lambda r: r["probe"]["gain_bpb"], lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"],
+        lambda r: r["probe"]["control_bpb"]))
+    share = {m: gain[m].mean() / control[m].mean() for m in models}
+    above_zero = compare_family({m: (g, np.zeros(g.size)) for m, g in gain.items()})
+    return gain, z, control, share, above_zero
 
 
 def probe_against(runs: dict, models, other: str) -> dict:

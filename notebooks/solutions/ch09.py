@@ -67,20 +67,22 @@ def absorbed_read_jnp(q, latents, w_k, w_v):
     return tuple(jnp.stack(p) for p in zip(*parts, strict=True))
 
 
-def context_bound(data, k) -> float:
-    """3: the best prediction of a byte from the ``k`` bytes before it, scored on ``data``
-    itself, is ``data``'s own frequency of that byte after that context (Gibbs' inequality, as
-    for ``one_byte_bound``): bits per byte ``-sum n(c, x) log2(n(c, x) / n(c)) / N`` over the
-    ``N = len(data) - k`` bytes that have ``k`` before them.
+def context_bound(data, order) -> float:
+    """3 (``order``, not k: NOTATION gives k to keys): the best prediction of a byte from the
+    ``order`` bytes before it, scored on ``data`` itself, is ``data``'s own frequency of that byte
+    after that context (Gibbs' inequality, as for ``one_byte_bound``): bits per byte
+    ``-sum n(c, x) log2(n(c, x) / n(c)) / N`` over the ``N = len(data) - order`` bytes that have
+    ``order`` before them.
 
-    Explain why (model answer): as k grows, fewer contexts repeat; once every k-byte context
-    occurs once in ``data``, its next byte is certain and the bound is 0. It is a bound only for
-    predictors fitted to ``data`` itself: a model trained elsewhere cannot know those
-    frequencies, so the in-sample bound falls with k while no trained model follows it (the
-    recorded runs sit far above 0 at 128 bytes of context). Section 6's one-byte bound is the
-    k = 1 case, a fair yardstick only because 256 contexts are each seen thousands of times."""
+    Explain why (model answer): as order grows, fewer contexts repeat; once every context of
+    ``order`` bytes occurs once in ``data``, its next byte is certain and the bound is 0. It is a
+    bound only for predictors fitted to ``data`` itself: a model trained elsewhere cannot know
+    those frequencies, so the in-sample bound falls with order while no trained model follows it
+    (the recorded runs sit far above 0 at 128 bytes of context). Section 2's one-byte bound is
+    the order = 1 case, a fair yardstick only because 256 contexts are each seen thousands of
+    times."""
     data = bytes(np.asarray(data, np.uint8))
-    pairs = Counter((data[t - k:t], data[t]) for t in range(k, len(data)))
+    pairs = Counter((data[t - order:t], data[t]) for t in range(order, len(data)))
     contexts = Counter()
     for (context, _), n in pairs.items():
         contexts[context] += n
@@ -88,19 +90,19 @@ def context_bound(data, k) -> float:
     return -sum(n * math.log2(n / contexts[c]) for (c, _), n in pairs.items()) / total
 
 
-def context_bound_numpy(data, k) -> float:
+def context_bound_numpy(data, order) -> float:
     """3, written differently: the contexts and pairs as rows of a sliding window, counted with
     ``np.unique`` (int64: no uint8 overflow); H(next | context) = H(context, next) - H(context),
     in bits per byte scored."""
     data = np.asarray(data, np.int64)
-    rows = np.lib.stride_tricks.sliding_window_view(data, k + 1)
+    rows = np.lib.stride_tricks.sliding_window_view(data, order + 1)
 
     def entropy(x):
         _, counts = np.unique(x, axis=0, return_counts=True)
         p = counts / counts.sum()
         return float(-(p * np.log2(p)).sum())
 
-    return entropy(rows) - (entropy(rows[:, :k]) if k else 0.0)
+    return entropy(rows) - (entropy(rows[:, :order]) if order else 0.0)
 
 
 def cases():
@@ -118,6 +120,6 @@ def cases():
         ("09.1", half_context_float, dict(shape=shape), lambda *a: half_context(*a) + 1),
         ("09.2", absorbed_read, {}, unscaled),
         ("09.2", absorbed_read_jnp, {}, lambda q, c, w_k, w_v: absorbed_read(q, c, w_k, -w_v)),
-        ("09.3", context_bound, {}, lambda data, k: context_bound(data, 0)),
-        ("09.3", context_bound_numpy, {}, lambda data, k: context_bound(data, k) * math.log(2)),
+        ("09.3", context_bound, {}, lambda data, order: context_bound(data, 0)),
+        ("09.3", context_bound_numpy, {}, lambda d, order: context_bound(d, order) * math.log(2)),
     ]

@@ -82,6 +82,13 @@ def test_probe_against_separates_a_larger_gain_from_a_better_copy_score():
             s = 0.01 * r["seed"]
             r["probe"] = dict(copy_bpb=copy + s, control_bpb=control + 2 * s)
             r["probe"]["gain_bpb"] = r["probe"]["control_bpb"] - r["probe"]["copy_bpb"]
+    for r in runs["kda"]:
+        r["probe"]["gain_se"] = 0.05
+    gain, z, control, share, above = lm_protocol.probe_scores(runs, ["kda"])
+    assert above["kda"].verdict == ">" and above["kda"].mean == pytest.approx(0.11)
+    np.testing.assert_allclose(gain["kda"], [0.1, 0.11, 0.12])  # control - copy, seeds 0, 1, 2
+    np.testing.assert_allclose(z["kda"], [2.0, 2.2, 2.4])
+    assert share["kda"] == pytest.approx(0.11 / 3.12)
     parts = lm_protocol.probe_against(runs, ["hybrid"], "kda")
     gain, copy, control = (parts[p]["hybrid"] for p in ("gain_bpb", "copy_bpb", "control_bpb"))
     assert (gain.mean, copy.mean, control.mean) == pytest.approx((0.1, 0.05, 0.15))

@@ -125,21 +125,21 @@ BOUND_RTOL = 1e-4
 
 @ex.checker("09.3")
 def context_bound(answer, rng):
-    """``answer(data, k) -> float``: bits per byte of ``data[k:]`` under ``data``'s own frequencies
-    of a byte after its ``k`` bytes (unsmoothed; k = 1 is ``lm.one_byte_bound``); no kda_lib."""
+    """``answer(data, order) -> float`` (``k`` here; the page's ``order``, k being NOTATION's keys):
+    bits per byte of ``data[k:]`` under its own frequencies after ``k`` bytes; no kda_lib."""
     for data, k in _strings(rng):
-        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)", refuse={
-            "shape": (), "allow_zeros": (want := _bound(data, k)) == 0, "what": "bits per byte"})
+        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, order)",
+            refuse=dict(shape=(), allow_zeros=(want := _bound(data, k)) == 0, what="bits per byte"))
         if hint:
             return hint
         if ex.close(got, want, BOUND_RTOL, floor=1.0):
             continue
         slips = {"bits, not nats: log base 2": _bound(data, k, log=np.log), "unsmoothed: the "
                  "bound uses the string's own frequencies": _bound(data, k, smoothing=1.0),
-                 "score only the bytes that have k bytes before them, data[k:]": _bound(
-                     data, k, start=0), "condition on the k bytes before": _bound(data, 0)}
+                 "score only the bytes that have order bytes before them, data[order:]": _bound(
+                     data, k, start=0), "condition on the order bytes before": _bound(data, 0)}
         text = next((t for t, v in slips.items() if k and ex.close(got, v, BOUND_RTOL, 1.0)),
-                    "count each (k bytes, next byte) pair and each k-byte context in data, all k "
-                    "bytes (packed into one number, k + 1 bytes need 8 (k + 1) bits: no uint8 or "
-                    "int32)" if got >= 0 else "bits per byte are never negative")
-        return f"wrong on a {data.size}-byte string at k = {k}: {text}"
+                    "count each (order bytes, next byte) pair and each context of order bytes in "
+                    "data, all of them (packed into one number, order + 1 bytes need 8 (order + 1)"
+                    " bits: no uint8 or int32)" if got >= 0 else "bits per byte are never negative")
+        return f"wrong on a {data.size}-byte string at order = {k}: {text}"
