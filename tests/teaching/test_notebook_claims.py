@@ -192,6 +192,58 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     assert not re.search(r"\blent\b", source)
 
 
+def _00_section_4_errors(seed, seq_len=100):
+    """Section 4's per-token errors of both float32 forms from the float64 oracle (the page's
+    draws at its defaults but ``seq_len``), and max|o|, on a CPU."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.ops.norms import l2_normalize
+
+    shape_qk, shape_v = (1, seq_len, 2, 16), (1, seq_len, 2, 32)
+    key_q, key_k, key_v, key_f, key_beta, key_a, key_dt = jax.random.split(jax.random.key(seed), 7)
+    q = l2_normalize(jax.random.normal(key_q, shape_qk))
+    k = l2_normalize(jax.random.normal(key_k, shape_qk))
+    v, f = jax.random.normal(key_v, shape_v), jax.random.normal(key_f, shape_qk)
+    g = kda_lib.kda_gate(f, kda_lib.init_a_log(key_a, 2), kda_lib.init_dt_bias(key_dt, 2, 16))
+    beta = jax.nn.sigmoid(jax.random.normal(key_beta, (1, seq_len, 2)))
+    o_rec = np.asarray(jax.jit(kda_lib.kda_recurrent)(q, k, v, g, beta)[0], np.float64)
+    o_chk = np.asarray(jax.jit(kda_lib.kda_chunked, static_argnames="chunk_size")(
+        q, k, v, g, beta, chunk_size=32)[0], np.float64)
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        exact = np.asarray(kda_lib.kda_recurrent(
+            *(jnp.asarray(np.asarray(a), jnp.float64) for a in (q, k, v, g, beta)))[0])
+    errs = [np.abs(o - exact).max(axis=(0, 2, 3)) for o in (o_rec, o_chk)]
+    return errs, np.abs(exact).max()
+
+
+def test_00_section_4_figure_between_1_and_3_and_flat_along_the_sequence():
+    """Notebook 00, section 4 (teacher s15 re-read of 00-01, defects 1 and 2): the printed larger
+    error is between 1 and 3 epsilons of max|o| at the defaults (over seeds 0 to 40 the notes give
+    1.1 at seed 27 to 2.7 at seed 35, above 2 at six seeds, from the page's cell as written;
+    under the suite's fast-compile XLA flags the roundings differ, so only the range is asserted,
+    at seeds 0, 27 and 35); the per-token error does not grow
+    along the sequence: at 1,000 tokens its mean over the last quarter is within 20% of that over
+    tokens 25 to 275 (the maximum rises a little with T only because more tokens are sampled)."""
+    import jax
+
+    eps = float(np.finfo(np.float32).eps)
+    figures = {}
+    with jax.threefry_partitionable(False), jax.default_matmul_precision("highest"):  # setup()
+        for seed in (0, 27, 35):
+            errs, scale = _00_section_4_errors(seed)
+            figures[seed] = max(e.max() for e in errs) / scale / eps
+            assert 1 < figures[seed] < 3, (seed, figures[seed])
+        errs, _ = _00_section_4_errors(0, seq_len=1000)
+    for e in errs:
+        assert abs(e[-250:].mean() / e[25:275].mean() - 1) < 0.2
+    page = " ".join(re.sub(r"\n# ?", " ", (NOTEBOOK_DIR / "00_quickstart.py").read_text()).split())
+    notes = " ".join((NOTEBOOK_DIR.parent / "docs" / "NOTEBOOK_NOTES.md").read_text().split())
+    assert page.count("between 1 and 3") == 2 and "between 1 and 2" not in page
+    assert "over seeds 0 to 40 it was 1.1 (seed 27) to 2.7 (seed 35)" in notes
+
+
 def test_00_kda_refuses_a_log_without_the_gate_switch():
     """Notebook 00's notes (moved off the page, teacher s15, #2): without use_gate_in_kernel=True
     kda takes g and refuses a_log (and dt_bias) with a ValueError, instead of reading f as g."""
