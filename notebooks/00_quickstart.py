@@ -127,9 +127,10 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # ## 2. Three implementations, one answer
 #
 # `kda_recurrent` scans over tokens; `kda_chunked` processes `chunk_size` tokens at a time with
-# matrix products (notebook 03 derives it); `kda(...)` can run either: it picks one for the
-# platform and input size (`implementation="auto"`, not run here; the cell prints its picks at
-# these sizes, the notebook notes give the rule) or runs the one you name. Here `kda` is told to
+# matrix products (notebook 03 derives it); `kda(...)` runs the one you name, or with
+# `implementation="auto"` picks among the implementations for the platform and input size (on a
+# TPU at these sizes the Pallas kernel `pallas_tpu`; not run here: the cell prints the picks, the
+# notebook notes give the rule). Here `kda` is told to
 # run the chunked form and to apply the gate itself: it takes the raw $\mathbf f$ with `a_log` and
 # `dt_bias` (the switch `use_gate_in_kernel=True` and the `jax.jit` wrappers: the notes).
 
