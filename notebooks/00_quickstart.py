@@ -199,9 +199,7 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # is taken over more tokens (larger sizes: the
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00)).
 # On a TPU the assert allows the test suite's chip tolerance instead (printed there; where it
-# comes from: the notes). A TPU v5e's run of this page at the defaults, seed 0, is recorded in
-# `data/tests/tpu-v5e/2026-12-06-notebooks.json`: both forms 141 epsilons of max|o| from the
-# oracle, over 7 times below that tolerance; this run does not measure it again.
+# comes from, and a TPU v5e's recorded run of an earlier version of this page: the notes).
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
@@ -221,8 +219,6 @@ apart = np.abs(np.asarray(o_rec, np.float64) - np.asarray(o_chk, np.float64)).ma
 print(f"the two forms from each other / max|o|: {apart:.1e} ({apart / eps32:.1f} eps)")
 print(f"bound on {jax.default_backend()}: {bound:.1e} (absolute)")
 assert largest < bound
-print("recorded on a TPU v5e, not this run (data/tests/tpu-v5e/2026-12-06-notebooks.json; the "
-      "defaults, seed 0): 141 eps of max|o| = 0.393")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(10, 3.2))
@@ -248,8 +244,7 @@ viz.show(fig, "00_quickstart_precision")
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
 #   output of the float64 oracle on a CPU (asserted; printed: between 1 and 3 at the defaults,
-#   seeds 0 to 40); on a TPU within the suite's chip tolerance (asserted; a TPU v5e's recorded
-#   run: 141 epsilons of max|o|, section 4).
+#   seeds 0 to 40); on a TPU within the suite's chip tolerance (asserted).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
