@@ -242,9 +242,10 @@ viz.show(fig, "00_quickstart_precision")
 #   multiple of the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
-# - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
-#   output of the float64 oracle on a CPU (asserted; printed: between 1 and 3 at the defaults,
-#   seeds 0 to 40); on a TPU within the suite's chip tolerance (asserted).
+# - On a CPU the largest error of both float32 forms from the float64 oracle is under 8 float32
+#   machine epsilons ($2^{-23}$ each) times the oracle's largest $|o|$ (asserted; printed: between
+#   1 and 3 at the defaults, seeds 0 to 40); on a TPU it is within the suite's chip tolerance
+#   (asserted).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
