@@ -398,9 +398,9 @@ display(Markdown(f"Mean errors at $n = 1$: both at most {max(lin[0], delta_curve
 # the mean printed at $n = d_k$ cannot tell it from $\frac{n-1}{d_k}$; the notes' pooled test
 # can. The delta rule recalls the newest pair exactly (asserted) and, averaged over seeds, stays
 # below linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section 3):
-# printed above. Single seeds can lose, and miss $10^{-3}$ for the pair before the newest about
-# one draw in nine at $d_k = 32$; the tests assert this section's claims at the page's sizes
-# (notes). Beyond capacity old pairs end above 1 (right panel). There each point is a mean of
+# printed above. Single seeds can lose, and about one draw in nine at $d_k = 32$ recalls the pair
+# before the newest to within $10^{-3}$, while means of 8 draws stay above it (the notes).
+# Beyond capacity old pairs end above 1 (right panel). There each point is a mean of
 # `num_seeds` draws, and its zig-zag is seed noise (bands: one standard error of each mean; dotted:
 # linear attention's expectation, the same at every age, since every pair has $n - 1$ others).
 # Where one decay per channel beats one per head (facts kept long, a stream turned over fast):
