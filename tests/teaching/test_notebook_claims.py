@@ -1402,6 +1402,10 @@ def test_recall_capacity_as_notebook_08_states_it():
     assert [round(v, 3) for v in vote.values()] == [0.15, 0.11]
     above = {m: [int((acc[(m, n)] > vote[n]).sum()) for n in (16, 32)] for m in rec}
     assert above == {"kda": [2, 0], "gdn": [2, 1], "mamba2": [3, 2]}
+    # a reference, not a floor (final review s15, 1-2): 8 of the 18 runs from 16 on below it, every
+    # KDA run at 32 (mean 0.045, near chance 1/32), one GDN run at 16 below chance
+    assert sum(int((acc[(m, n)] < vote[n]).sum()) for m in rec for n in (16, 32)) == 18 - 10
+    assert (acc[("kda", 32)] < vote[32]).all() and acc[("gdn", 16)].min() < 1 / 32
     assert abs(means["kda"][1] - vote[16]) < 0.012 and abs(means["gdn"][1] - vote[16]) < 0.023
     assert sign_flip_p(acc[("kda", 16)], acc[("mamba2", 16)]) == 0.25  # the least 3 seeds allow
     assert sum(int((acc[(m, 32)] < 0.04).sum()) for m in rec) == 5

@@ -137,14 +137,14 @@ def head_filter(p, length: int) -> np.ndarray:
 @ex.checker("08.3")
 def three_time_scales(answer, rng, *, half_lives, length: int):
     """``answer(half_lives) -> dict(decays, beta, k, q)``: a head filtering by the mean of three
-    exponentials of those half-lives; the page's, and three drawn (1-3, 5-20, 30-120 tokens). No
-    scipy: a numerical fit (scipy.optimize) passes without the derivation the exercise asks."""
-    if holding := ex.holds_scipy(answer):
-        return (f"three_time_scales uses {holding}: derive the head, not fit it (the decays "
-                "interlace A's eigenvalues; the secular equation of D - u u^T gives u)")
+    exponentials of those half-lives; the page's, and three drawn. A fit (scipy, optax) refused."""
+    derive = "a fit (scipy, optax, autodiff): derive the head (A's eigenvalues, secular equation)"
+    if ex.holds_scipy(answer):
+        return derive
+    ad = dict.fromkeys(("optax", "jax._src.interpreters.ad", "jax.experimental"), derive)
     drawn = tuple(round(float(rng.uniform(*b)), 2) for b in ((1, 3), (5, 20), (30, 120)))
     for lives in (tuple(half_lives), drawn):
-        head, hint = ex.call_answer(answer, lives, name="three_time_scales(half_lives)")
+        head, hint = ex.call_answer(answer, lives, name="three_time_scales(half_lives)", refused=ad)
         if hint or (hint := _head_problem(head, lives, length)):
             return f"{hint} (half-lives {lives})"
 
