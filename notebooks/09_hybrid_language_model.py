@@ -398,10 +398,10 @@ assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in v
 #   (2.1% in one run) of a copier's possible saving. Over the window the hybrid is 0.020 bpb worse
 #   than KDA (level: the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too); five
 #   seeds detect only gaps of 0.038 to 0.145 bpb (from uncertain spreads): a protocol, no verdict.
-# - Under the protocol every recurrent model and hybrid beats attention at equal steps early in
-#   training (t-test; sign-flip p 0.0625 at best; the validation gap narrowing from step 200 to
-#   the schedule's end), a gap already there at the first scored byte (0.17-0.20 of the 0.21-0.23
-#   bpb; intervals from 0.07): partly not long context; how much, and why, unresolved.
+# - Under the protocol every recurrent model and hybrid beats attention after the schedule's last
+#   step, a small fraction of an epoch (t-test; sign-flip p 0.0625 at best; validation gap
+#   narrowing from step 200 on), a gap already there at the first scored byte (0.17-0.20 of the
+#   0.21-0.23 bpb; intervals from 0.07): partly not long context; how much, and why, unresolved.
 # - Not done: windows of 1 KB or more (the global layer's work); GDN-H (3 GDN : 1 MLA), all-MLA,
 #   attention_conv baselines; a longer budget. No support for or against the paper here.
 #
@@ -413,9 +413,9 @@ assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in v
 #
 # 1. **Half latents.** Count in model terms, float32, from section 5 (a KDA layer: its $H$ states
 #    $d_k \times d_k$ and $w - 1$ rows of its q, k, v convolutions, $3 H d_k$ each; MLA: $d_c$ a
-#    token; `decode_cost`'s room for its steps and a length left out). Write `half_context(
-#    kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size)`: the least whole $T \ge 1$
-#    where the latents hold at least half the cache (`math.inf` without MLA).
+#    token; just $T$ tokens: section 5's `decode_cost` prints more, its caches holding the steps
+#    it decodes too). Write `half_context(kda_layers, mla_layers, heads, key_dim, kv_lora_rank,
+#    conv_size)`: the least $T \ge 1$ with latents at least half the cache (no MLA: `math.inf`).
 # 2. **MLA's absorbed read.** Section 1's fold: `absorbed_read(q, latents, w_k, w_v)` (no kda_lib;
 #    q [H, d_qk], latents [T, d_c], $W^K$ [H, d_qk, d_c], $W^V$ [H, d_v, d_c]) forms no key or
 #    value (that rule is yours: the checker judges the values only) and returns `(q_latent, read,
