@@ -361,7 +361,7 @@ assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0]
 ns, cap_acc, cap_stops = rs.capacity_curve(cap := load_recorded("results", recorded_capacity))
 (d_k, heads), rec = (cap["options"][k] for k in ("head_dim", "num_heads")), ("kda", "gdn", "mamba2")
 assert ns == [2, 4, 8, 16, 32] and {len(a) for m in cap_acc for a in cap_acc[m].values()} == {3}
-room = rs.recall_errors(d_k)  # d_k unit keys, N(0, 1) values; the keys' overlap is no error:
+room = rs.exact_recall_errors(d_k)  # d_k unit keys, N(0, 1) values; the keys' overlap is no error:
 print(f"keys' largest |k_i^T k_j| {room.pop('overlap')}; float64, largest recall error: {room}")
 assert {k: v for k, v in room.items() if v < 0.5} == {"solved": 0, "orthogonal, one sweep": 0}
 sizes = rs.recorded_sizes(cap_runs := [r for part in cap["parts"] for r in part["runs"]])

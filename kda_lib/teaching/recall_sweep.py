@@ -25,8 +25,8 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   each MQAR answer.
 * :func:`capacity_curve` -- a capacity record's test accuracies per mixer and pairs count;
   :func:`print_capacity` prints them; :func:`capacity_reading` -- the numbers notebook 08 reads
-  from them (the vote level its floor); :func:`recall_errors` -- how many pairs a state can hold
-  exactly, in float64; :func:`tuning_steps` -- a sweep's steps to solve per tuning rate.
+  from them (the vote level a reference); :func:`exact_recall_errors` -- how many pairs a state
+  holds exactly, in float64; :func:`tuning_steps` -- a sweep's steps to solve per tuning rate.
 * :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded`,
   :func:`plot_capacity` -- the figures.
 """
@@ -537,7 +537,7 @@ def tuning_steps(sweep: dict, task: str, mixers, rates) -> dict:
     return {m: [steps[(m, lr)] for lr in rates] for m in mixers}
 
 
-def recall_errors(head_dim: int, seed: int = 0) -> dict:
+def exact_recall_errors(head_dim: int, seed: int = 0) -> dict:
     """Section 8's rank argument in float64: ``head_dim + 1`` random unit keys in R^head_dim and
     standard normal values, and the largest recall error |k_j^T S - v_j| over the pairs a state
     ``S`` [head_dim, head_dim] stores: the first ``head_dim`` pairs (keys linearly independent,

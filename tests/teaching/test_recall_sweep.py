@@ -144,7 +144,7 @@ def test_recall_errors_rank_not_orthogonality_decides_what_a_state_holds():
     exactly by the state that solves for them, not by one delta-rule sweep or a sum of outer
     products; orthonormal keys are held by one sweep; d_k + 1 keys by no state (float64)."""
     for d, seed in ((8, 0), (8, 3), (4, 1), (16, 2)):
-        room = rs.recall_errors(d, seed)
+        room = rs.exact_recall_errors(d, seed)
         assert room["solved"] == room["orthogonal, one sweep"] == 0, room
         assert min(room["one sweep"], room["sum"], room["one pair more"]) > 0.1, room
         assert 0.3 < room["overlap"] < 1, room
