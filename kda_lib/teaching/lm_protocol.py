@@ -9,6 +9,9 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
   another's, over seeds.
 * :func:`gaps_from` -- a model minus others, paired by seed: compared at the first test position,
   and the mean gap at each validation.
+* :func:`gap_beyond` -- how much of a model's gap to others appears only beyond 32 bytes of
+  context (positions 33 on less 5-32), paired by seed.
+* :func:`pair_table` -- a family of paired comparisons as a Markdown table.
 * :func:`probe_scores` -- the copy probe's gain, its z over windows and the control, by seed.
 * :func:`probe_against` -- the copy probe's gain of models minus another's, paired by seed, and
   their scores on the copy and control windows themselves; :func:`brief` one difference in short.
@@ -84,6 +87,33 @@ def gaps_from(runs: dict, model: str, others) -> tuple[list[Comparison], np.ndar
     curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]], float) for m in models}
     return ([compare(first[model], first[o]) for o in others],
             np.array([(curves[model] - curves[o]).mean(0) for o in others]))
+
+
+def gap_beyond(
+    runs: dict, model: str, others, split: int = 32, start: int = 4
+) -> list[Comparison]:
+    """How much of ``model``'s gap to each of ``others`` appears only beyond ``split`` bytes of
+    context: per seed, ``model``'s test bits per byte averaged over the targets from ``split``
+    on (positions ``split + 1`` to T, 1-based) minus those over ``start`` to ``split`` (positions
+    ``start + 1`` to ``split``), minus the same for the other model; the paired comparisons
+    (:func:`kda_lib.lab.significance.compare`: mean, 95% interval, seeds on each side)."""
+    def excess(r):
+        bits = np.asarray(r["test"]["bits_by_position"], float)
+        return bits[split:].mean() - bits[start:split].mean()
+
+    beyond = by_seed(runs, excess, [model, *others])
+    return [compare(beyond[model], beyond[o]) for o in others]
+
+
+def pair_table(tests: dict, models) -> str:
+    """``tests`` (``{(a, b): Comparison}``, :func:`kda_lib.lab.significance.compare_family`'s,
+    ``a`` before ``b`` in ``models``) as a Markdown table: row ``a``, column ``b``, the mean
+    difference ``a - b`` to 3 decimals, `` *`` after it where the verdict is not level."""
+    mark = {k: f"{c.mean:+.3f}" + ("" if c.verdict == "level" else " *") for k, c in tests.items()}
+    rows = [f"| a \\ b | {' | '.join(models[1:])} |", "|---" * len(models) + "|"]
+    rows += [f"| {a} | " + " | ".join(mark.get((a, b), "") for b in models[1:]) + " |"
+             for a in models[:-1]]
+    return "\n".join(rows)
 
 
 def probe_scores(runs: dict, models) -> tuple[dict, dict, dict, dict, dict]:

@@ -72,6 +72,37 @@ def test_gaps_from_compares_the_first_position_and_averages_the_validation_gaps(
     np.testing.assert_allclose(curve, [[1.0, 1.5]])  # attention: 5 and 4 (+ seed)
 
 
+def test_gap_beyond_is_the_paired_excess_beyond_the_split():
+    """Review final-09-s15, defect 1: the part of attention's gap that appears only beyond 32
+    bytes, paired by seed, with its interval."""
+    runs, _ = lm_protocol.seed_runs(_record(seeds=(0, 1, 2)), min_seeds=3)
+    for r in runs["kda"]:  # kda: 4 + seed at positions 1-8, 3 + seed (+ 0.1 on seed 1) after
+        r.update(test=dict(bits_by_position=[4.0 + r["seed"]] * 8 + [
+            3.0 + r["seed"] + 0.1 * (r["seed"] == 1)] * 4))
+    (c,) = lm_protocol.gap_beyond(runs, "attention", ["kda"], split=8, start=2)
+    ramp = np.linspace(6.0, 3.0, 12)  # attention: the ramp (+ seed)
+    excess = ramp[8:].mean() - ramp[2:8].mean() - (-1.0)
+    assert c.mean == pytest.approx(excess - 0.1 / 3) and c.n == 3 and c.low < c.mean < c.high
+    (same,) = lm_protocol.gap_beyond(runs, "kda", ["kda"], split=8)
+    assert same.mean == 0.0
+
+
+def test_pair_table_is_the_notebooks_table_of_differences():
+    """09 s16 (lines for defect 1 of final-09-s15): the table section 6 prints, row a, column b,
+    a - b, a star where ordered."""
+    from kda_lib.lab.significance import compare_family
+
+    base = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    scores = dict(a=base, b=base + 0.5 + [0.01, -0.01, 0.02, -0.02, 0.0],
+                  c=base + [0.1, -0.1, 0.1, -0.1, -0.05])  # fmt: skip
+    names = list(scores)
+    tests = compare_family({(x, y): (scores[x], scores[y]) for i, x in enumerate(names)
+                            for y in names[i + 1:]})  # fmt: skip
+    assert [c.verdict for c in tests.values()] == ["<", "level", ">"]
+    assert lm_protocol.pair_table(tests, names).split("\n") == [
+        "| a \\ b | b | c |", "|---|---|---|", "| a | -0.500 * | +0.010 |", "| b |  | +0.510 * |"]
+
+
 def test_probe_against_separates_a_larger_gain_from_a_better_copy_score():
     """Teacher s15 re-read (09, defect 1): the hybrid gains more from the copy than KDA, yet scores
     the copy windows worse, because its control windows are worse still."""

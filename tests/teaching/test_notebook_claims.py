@@ -1723,9 +1723,10 @@ def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
 
 
 def test_attention_gap_as_notebook_09_and_its_notes_state_it():
-    """09 section 6 and its notes (teacher s15, defects 2, 3, 5): attention - each other model at
-    the first test position is 0.170-0.197 bits per byte, on 5 of 5 seeds, paired 95% intervals
-    from 0.069 to 0.309 (as small as a third of the window's 0.209-0.230); the validation gap is
+    """09 section 6 and its notes (teacher s15, defects 2, 3, 5; final-09-s15, defect 1): attention
+    - each other model at the first test position is 0.170-0.197 bits per byte, on 5 of 5 seeds,
+    paired 95% intervals from 0.069 to 0.309 (as small as a third of the window's 0.209-0.230), at
+    positions 5-32 0.194-0.229, beyond 32 bytes only +0.001 to +0.024 more; the validation gap is
     widest at step 200 (0.25-0.27) and 0.18-0.20 at step 600; attention's tuning scores are
     0.100 worse at 0.003 and 0.543 at 0.03 (the others' 0.15-0.18 and 0.06-0.09); a 5-value
     standard deviation's 95% interval is 0.60-2.87 times the estimate; KDA's test sd 0.0084,
@@ -1746,6 +1747,16 @@ def test_attention_gap_as_notebook_09_and_its_notes_state_it():
         0.069, 0.309)
     assert (round(min(whole), 3), round(max(whole), 3)) == (0.209, 0.230)
     assert round(min(c.low / w for c, w in zip(first, whole, strict=True)), 2) == 0.33
+    # s16 (final-09-s15, defect 1): at 5-32 already 0.194-0.229; beyond 32 bytes only +0.001 (GDN)
+    # to +0.024 (MHA hybrid) more, 95% upper bounds up to 0.049 (KDA), under a quarter of 0.218
+    near, far = ([lm.position_gap(runs, "attention", m, s) for m in others] for s in (
+        slice(4, 32), slice(32, None)))
+    beyond = dict(zip(others, lm.gap_beyond(runs, "attention", others), strict=True))
+    assert [round(f(v), 3) for v in (near, far) for f in (min, max)] == [0.194, 0.229, 0.218, 0.238]
+    assert {m: round(c.mean, 3) for m, c in beyond.items()} == {
+        "hybrid": 0.024, "hybrid_mha": 0.024, "kda": 0.021, "gdn": 0.001}
+    assert max(beyond.values(), key=lambda c: c.high) is beyond["kda"]
+    assert round(beyond["kda"].high, 3) == 0.049 and 4 * beyond["kda"].high < min(far)
     assert runs["kda"][0]["curve"]["step"] == [100, 200, 300, 400, 500, 600]
     assert (curve.argmax(1) == 1).all()
     assert [round(x, 2) for x in (curve[:, 1].min(), curve[:, 1].max())] == [0.25, 0.27]
