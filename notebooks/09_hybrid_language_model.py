@@ -18,7 +18,7 @@
 #
 # **Claim.** Kimi Linear stacks three KDA layers per global layer, multi-head latent attention (MLA)
 # with no positional encoding (NoPE): exact lookup of any earlier token, caching one latent a token
-# (Kimi Linear's: and a shared rotary key, notebook 10). Beside its MHA twin (multi-head attention
+# (Kimi Linear's: and a shared NoPE key, notebook 10). Beside its MHA twin (multi-head attention
 # in MLA's place) and same-size softmax attention, KDA and Gated DeltaNet, it models Python's
 # standard library byte by byte; in 128-byte windows it did not show the hybrid beating pure KDA.
 #
@@ -379,7 +379,7 @@ display(Markdown(
     + "; ".join("{} {}; on the copy windows themselves {}, on the control windows {}".format(
         m, c.describe(" bpb"), *(lm.brief(vs_kda[p][m]) for p in ("copy_bpb", "control_bpb")))
         for m, c in reads.items()) + ". Both hybrids **gain more from the copy** than KDA, yet "
-    "neither scores the copy windows better on average: their controls are worse."))
+    "neither scores the copy windows better on average: their controls are worse on average."))
 assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == 5 and all(c.above ==
     c.n for c in reads.values()) and min(c.mean for v in vs_kda.values() for c in v.values()) > 0
 assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in vs_kda.values()),
@@ -391,13 +391,13 @@ assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in v
 #   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's is
 #   the same at every context; per token and global layer MHA's grows by $2 H d_k$ floats, MLA's by
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
-# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. The
-#   MLA hybrid gains more than pure KDA from a copy 64 bytes back (+0.014 bpb of gain, 5 of 5
-#   seeds; exploratory), yet scores the copy windows no better (+0.011 bpb, worse on 3 of 5): its
-#   control windows are worse (+0.025, 4 of 5). All but GDN are shown to read beyond 32 bytes
-#   (GDN: positive on 5 of 5 seeds, not significant after Holm, p = 0.13), taking at most 1.8%
-#   (2.1% in one run) of a copier's possible saving. Over the window the hybrid is 0.020 bpb worse
-#   than KDA (level: the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too); five
+# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. The MLA
+#   hybrid gains more than pure KDA from a copy 64 bytes back (+0.014 bpb of gain, 5 of 5 seeds;
+#   exploratory), yet scores the copy windows no better (+0.011 bpb, worse on 3 of 5): its controls
+#   score worse on average (+0.025, 4 of 5). All but GDN are shown to read beyond 32 bytes (GDN:
+#   positive on 5 of 5 seeds, not significant after Holm, p = 0.13), saving at most 1.8% (2.1% in
+#   one run) of the control's bits (a copier: nearly all). Over the window the hybrid is 0.020 bpb
+#   worse than KDA (level: the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too); five
 #   seeds detect only gaps of 0.038 to 0.145 bpb (from uncertain spreads): a protocol, no verdict.
 # - Under the protocol every recurrent model and hybrid beats attention after the schedule's last
 #   step, a small fraction of an epoch (t-test; sign-flip p 0.0625 at best; validation gap narrowing

@@ -142,8 +142,11 @@ def probe_against(runs: dict, models, other: str) -> dict:
 
 
 def brief(c: Comparison) -> str:
-    """``"+0.011 [-0.014, +0.037] bpb, higher on 3 of 5 seeds"``: a paired difference in short."""
-    return f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}] bpb, higher on {c.above} of {c.n} seeds"
+    """``"+0.011 [-0.014, +0.037] bpb, higher on 3 of 5 seeds, level after Holm"``: a paired
+    difference in short, with its verdict in its family."""
+    verdict = "level" if c.verdict == "level" else "ordered"
+    return (f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}] bpb, higher on {c.above} of {c.n} seeds, "
+            f"{verdict} after Holm")
 
 
 def one_byte_bound(data) -> float:

@@ -1,6 +1,8 @@
 """kda_lib.teaching.lm_protocol: notebook 09's reading of a protocol-2 language-model record,
 on a record built by hand (the script's own runs are tested in tests/lab)."""
 
+import dataclasses
+
 import matplotlib
 import numpy as np
 import pytest
@@ -125,7 +127,12 @@ def test_probe_against_separates_a_larger_gain_from_a_better_copy_score():
     assert (gain.mean, copy.mean, control.mean) == pytest.approx((0.1, 0.05, 0.15))
     assert gain.above == copy.above == control.above == 3  # larger gain, worse copy score
     assert lm_protocol.brief(copy).startswith("+0.050 [") and lm_protocol.brief(copy).endswith(
-        "] bpb, higher on 3 of 3 seeds")
+        "] bpb, higher on 3 of 3 seeds, " + ("level" if copy.verdict == "level" else "ordered")
+        + " after Holm")
+    # s16 read (09, defect 2): the verdict in its family, so "worse" is read with it
+    level = dataclasses.replace(copy, verdict="level")
+    assert lm_protocol.brief(level).endswith("seeds, level after Holm")
+    assert lm_protocol.brief(dataclasses.replace(copy, verdict="<")).endswith("ordered after Holm")
 
 
 def test_the_figure_draws_every_model():

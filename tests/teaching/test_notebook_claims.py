@@ -1757,6 +1757,9 @@ def test_attention_gap_as_notebook_09_and_its_notes_state_it():
         "hybrid": 0.024, "hybrid_mha": 0.024, "kda": 0.021, "gdn": 0.001}
     assert max(beyond.values(), key=lambda c: c.high) is beyond["kda"]
     assert round(beyond["kda"].high, 3) == 0.049 and 4 * beyond["kda"].high < min(far)
+    c = beyond["kda"]  # the four at once (Bonferroni): 0.065, 27% of KDA's gap at 33-128
+    high = c.mean + stats.t.ppf(1 - 0.025 / 4, c.n - 1) * c.sd / np.sqrt(c.n)
+    assert (round(high, 3), round(high / far[others.index("kda")], 2)) == (0.065, 0.27)
     assert runs["kda"][0]["curve"]["step"] == [100, 200, 300, 400, 500, 600]
     assert (curve.argmax(1) == 1).all()
     assert [round(x, 2) for x in (curve[:, 1].min(), curve[:, 1].max())] == [0.25, 0.27]
