@@ -79,8 +79,9 @@ def context_bound(data, order) -> float:
     bound only for predictors fitted to ``data`` itself: a model trained elsewhere cannot know
     those frequencies, so the in-sample bound falls with order while no trained model follows it
     (the recorded runs sit far above 0 at 128 bytes of context). Section 2's one-byte bound is
-    the order = 1 case, a fair yardstick only because 256 contexts are each seen thousands of
-    times."""
+    the order = 1 case, a fair yardstick only because its contexts are few (at most 256 byte values,
+    fewer of them in the text) and the frequent ones, which precede nearly every byte, are each seen
+    thousands of times."""
     data = bytes(np.asarray(data, np.uint8))
     pairs = Counter((data[t - order:t], data[t]) for t in range(order, len(data)))
     contexts = Counter()

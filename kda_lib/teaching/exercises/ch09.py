@@ -139,7 +139,7 @@ def context_bound(answer, rng):
                  "score only the bytes that have order bytes before them, data[order:]": _bound(
                      data, k, start=0), "condition on the order bytes before": _bound(data, 0)}
         text = next((t for t, v in slips.items() if k and ex.close(got, v, BOUND_RTOL, 1.0)),
-                    "count each (order bytes, next byte) pair and each context of order bytes in "
-                    "data, all of them (packed into one number, order + 1 bytes need 8 (order + 1)"
+                    "count the (order bytes, next byte) pairs of data[order:], then their contexts "
+                    "(packed into one number, order + 1 bytes need 8 (order + 1)"
                     " bits: no uint8 or int32)" if got >= 0 else "bits per byte are never negative")
         return f"wrong on a {data.size}-byte string at order = {k}: {text}"
