@@ -383,6 +383,38 @@ def test_00_the_decay_before_the_erase_gets_its_own_hint():
             assert "where does D meet q?" in hint, (exercise_id, seed, hint)
 
 
+def test_00_the_scale_and_the_write_readers_get_their_own_hints():
+    """00.1 and 00.2 (teacher s16, defects 9 and 10): every trial draws d_k != d_v, so dividing
+    by sqrt(d_v) is refused at every seed with the scale hint (it passed where all three trials
+    drew d_k = d_v: 4 of seeds 0 to 1,499, seed 185 among them); a token's write read by the
+    vector after its own transition, or in 00.2 by q itself (the later transitions ignored), gets
+    its own hint, not the generic one."""
+    def output_after(read, q, k, v, g, beta, reader="vec", scale_by_v=False):
+        vec, out = np.asarray(q, np.float64), np.zeros(np.shape(v)[-1])
+        for t in reversed(range(len(beta))):
+            new = np.exp(g[t]) * (vec - beta[t] * (k[t] @ vec) * k[t])
+            out += beta[t] * (k[t] @ {"vec": vec, "q": q, "after": new}[reader]) * v[t]
+            vec = new
+        return (read(vec) + out) / np.sqrt(np.shape(v)[-1] if scale_by_v else len(q))
+
+    def one(**slip):
+        return lambda read, q, k, v, g, beta: output_after(read, q, k[None], v[None], g[None],
+                                                           [beta], **slip)
+
+    def many(**slip):
+        return functools.partial(output_after, **slip)
+
+    for seed in (*range(3), 185):
+        for exercise_id, form in (("00.1", one), ("00.2", many)):
+            assert exercises.verdict(exercise_id, form(), seed=seed) is None
+            hint = exercises.verdict(exercise_id, form(scale_by_v=True), seed=seed)
+            assert "d_k = len(q)" in hint, (exercise_id, seed, hint)
+            hint = exercises.verdict(exercise_id, form(reader="after"), seed=seed)
+            assert "before its own erase and decay" in hint, (exercise_id, seed, hint)
+        hint = exercises.verdict("00.2", many(reader="q"), seed=seed)
+        assert "passes through the transitions of the tokens after it" in hint, (seed, hint)
+
+
 def test_01_1_the_worked_loop_runs_well_inside_the_time_limit():
     """01.1's worked solution one point at a time (``np.vectorize`` of arithmetic only) at the
     checker's last trial, the GRID^2 points with the watch on: under a quarter of TIME_LIMIT_S of
@@ -413,6 +445,18 @@ def test_01_a_float32_limit_gets_a_float64_hint():
 
     hint = exercises.verdict("01.1", write_map_jnp)
     assert hint and "float64" in hint and "float32" in hint, hint
+
+
+def test_01_1_a_write_before_the_decay_gets_a_hint_about_the_order():
+    """01.1 (teacher s16, defect 17): the step taken as write, then decay has the right lam and
+    zeta_inf = alpha beta / (1 - lam), the fixed point of that step, so "the limit is the
+    fraction one more step leaves unchanged" did not help; the hint names the order."""
+    def write_then_decay(beta, alpha):
+        return alpha * (1 - beta), alpha * beta / (1 - alpha + alpha * beta)
+
+    for seed in range(5):
+        hint = exercises.verdict("01.1", write_then_decay, seed=seed)
+        assert "decays first, then writes" in hint, (seed, hint)
 
 
 @pytest.mark.parametrize("xp", ["numpy", "jax.numpy"])

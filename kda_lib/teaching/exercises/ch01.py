@@ -6,8 +6,7 @@ import numpy as np
 
 from kda_lib.teaching import exercises as ex
 
-# CPU s, the watch on, at GRID^2 points (notebook notes, exercise 1's checker): closed forms ms,
-# the worked solution's loop 1.1 s, a Python loop calling NumPy per point 7-11 s, Fractions ~60 s
+# CPU s at GRID^2 points, watched: closed forms ms, worked loop 1.1 s, Fractions ~60 s (notes)
 TIME_LIMIT_S = 20.0
 GRID = 1000  # 01.1's, 02.2's last call: GRID^2 parameters as arrays; ms for the closed form
 
@@ -59,7 +58,9 @@ def write_map(answer, rng):
         if not any(ex.close(got[1], b / (1 - a + a * b)) for b, a in at[1]):
             return f"zeta_inf is wrong {where}: " + (
                 "with decay the memory never holds all of v" if beta > 1e-6 and alpha < 1
-                and ex.close(got[1], 1.0) else "the limit is the fraction one more step leaves "
+                and ex.close(got[1], 1.0) else "each step decays first, then writes: yours is the "
+                "limit of a write, then a decay" if alpha < 1 and ex.close(got[1], alpha * beta
+                / (1 - alpha + alpha * beta)) else "the limit is the fraction one more step leaves "
                 "unchanged" if beta > 1e-6 else "lam is within 1e-6 of 1: 10^10 steps to simulate;"
                 " 1 - lam from a float32 lam keeps no digits (float64: 7): simplify it by hand")
     betas = rng.permutation(np.r_[rng.uniform(0.05, 0.95, GRID - 2), 2e-9, 1.0])
