@@ -21,9 +21,9 @@
 # always overlap. The delta rule writes only what the memory gets wrong: one gradient step on the
 # recall error $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. At
 # $\beta = 1$ it recalls the newest pair exactly; averaged over draws it recalls better than linear
-# attention from two pairs on (one pair both recall exactly), though one pass cannot store them
-# all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per key channel).
-# Each step is derived, checked in float64, and built in NumPy against `kda_lib`.
+# attention from two pairs on, though one pass cannot store them all. A forget gate gives the gated
+# delta rule (one decay per head) and KDA (one per key channel). Each step is derived, checked in
+# float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -109,17 +109,8 @@ def random_pairs(key, num, *, batch=()):
 # \end{align*}
 # $$
 #
-# The **state** $S_t$ ($d_k \times d_v$) grows by one outer product per token. A stored key gives
-#
-# $$
-# S^\top \mathbf k_j = \sum_{j'} \mathbf v_{j'}\, (\mathbf k_{j'}^\top \mathbf k_j)
-#   = \underbrace{\mathbf v_j \lVert \mathbf k_j \rVert^2}_{\text{the value}}
-#   + \underbrace{\sum_{j'\ne j} \mathbf k_{j'}^\top\mathbf k_j\,\mathbf v_{j'}}_{\text{crosstalk}}.
-# $$
-#
-# Orthonormal keys (at most $d_k$) leave no crosstalk. For random unit keys $\mathbb E[(\mathbf
-# k_{j'}^\top \mathbf k_j)^2] = 1/d_k$, the $n - 1$ terms uncorrelated: the crosstalk's squared
-# size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, the relative error $\sqrt{(n-1)/d_k}$.
+# The **state** $S_t$ ($d_k \times d_v$) grows by one outer product per token. Read back with its
+# stored keys, a memory of $d_k / 2$ pairs recalls with scatter if the keys overlap, exactly if not:
 
 # %%
 n_demo = key_dim // 2
@@ -132,7 +123,7 @@ assert_close(np.einsum("tk,tkv->tv", queries, states), np.tril(queries @ keys.T)
 ortho = np.linalg.qr(np.asarray(jax.random.normal(key_ortho, (key_dim, key_dim)), np.float64))[0]
 ortho_keys = ortho.T[:n_demo]  # n_demo orthonormal rows: exact recall
 assert_close(ortho_keys @ (ortho_keys.T @ values), values, atol=1e-12, name="orthonormal keys")
-recalled = keys @ (keys.T @ values)  # row j: S^T k_j with S = sum_i k_i v_i^T
+recalled = keys @ (keys.T @ values)  # row j: S^T k_j with S = sum_j' k_j' v_j'^T
 crosstalk = (keys @ keys.T - np.eye(n_demo)) @ values
 assert_close(recalled, values + crosstalk, atol=1e-12, name="value + crosstalk")
 rel_error = np.linalg.norm(recalled - values) / np.linalg.norm(values)
@@ -154,6 +145,18 @@ ax_recall.legend(fontsize=8)
 viz.show(fig, "01_crosstalk")
 
 # %% [markdown]
+# Why: a stored key gives
+#
+# $$
+# S^\top \mathbf k_j = \sum_{j'} \mathbf v_{j'}\, (\mathbf k_{j'}^\top \mathbf k_j)
+#   = \underbrace{\mathbf v_j \lVert \mathbf k_j \rVert^2}_{\text{the value}}
+#   + \underbrace{\sum_{j'\ne j} \mathbf k_{j'}^\top\mathbf k_j\,\mathbf v_{j'}}_{\text{crosstalk}}.
+# $$
+#
+# Orthonormal keys (at most $d_k$) leave none. For random unit keys $\mathbb E[(\mathbf k_{j'}^\top
+# \mathbf k_j)^2] = 1/d_k$, the $n - 1$ terms uncorrelated: the crosstalk's squared size is about
+# $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, the relative error $\sqrt{(n-1)/d_k}$ (printed above).
+#
 # ## 2. The delta rule: write only what the memory gets wrong
 #
 # Ask the memory what it returns for the new key, $S^\top \mathbf k_t$, and store only the
@@ -230,10 +233,10 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 #   = \beta_t\, (\mathbf k_t^\top \mathbf k_j)\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big) .
 # $$
 #
-# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall. Storing $n \le
-# d_k$ pairs with independent keys solves $n$ equations $\mathbf k_j^\top S = \mathbf v_j^\top$;
-# one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, an equation at a time: exact
-# only for orthogonal keys (generic values); repeated sweeps converge ($n = d_k / 2$ below).
+# Unless $\mathbf k_t \perp \mathbf k_j$, a write that corrects anything moves pair $j$'s recall.
+# Storing $n \le d_k$ pairs with independent keys solves $n$ equations $\mathbf k_j^\top S = \mathbf
+# v_j^\top$; one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, an equation at a time:
+# exact only for orthogonal keys (generic values); more sweeps converge ($n = d_k / 2$ below).
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -273,11 +276,11 @@ if key_dim >= 16:  # every draw measured at d_k = 16 and 32 passes, with margin;
 # k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k
 # \mathbf k^\top$ multiplies $\mathbf k$ by $1 - \beta$ and leaves the orthogonal directions alone:
 # for $\beta \in [0, 1]$ it never amplifies the state, and it removes only what the state holds
-# along the key being written: what lies orthogonal to every later key stays for ever, nothing
-# fades with time alone. The **gated delta rule** scales the state by $\alpha_t = e^{g_t} \in
-# (0, 1]$ before the write; **KDA** decays each key channel on its own, $D_t =
-# \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$: one head keeps some channels long
-# while others turn over fast (notebook 02). Decay first, then the delta write:
+# along the key being written: what lies orthogonal to every later key stays for ever, nothing fades
+# with time alone. The **gated delta rule** scales the state by $\alpha_t = e^{g_t} \in (0, 1]$
+# before the write; **KDA** decays each key channel on its own, $D_t = \operatorname{diag}(e^{
+# \mathbf g_t})$, $\mathbf g_t \le 0$: one head keeps some channels long while others turn over
+# fast (notebook 02; against one decay per head: the notes). Decay first, then the delta write:
 #
 # $$
 # \begin{align*}
@@ -291,8 +294,8 @@ if key_dim >= 16:  # every draw measured at d_k = 16 and 32 passes, with margin;
 #
 # The transition $M_t$ is **diagonal plus rank one**: cheap to apply, with spectral norm at most
 # $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1$.
-# The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$ (softmax attention's scale; the
-# layer's RMSNorm undoes it; [why `kda_lib` keeps it](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
+# KDA reads $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$ (section 1's read, scaled as softmax
+# attention scales; the layer's RMSNorm undoes it; [why `kda_lib` keeps it](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -394,17 +397,13 @@ display(Markdown(f"Mean errors at $n = 1$: both at most {max(lin[0], delta_curve
 
 # %% [markdown]
 # Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted; the
-# factor is $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values of mean square norm 1):
-# the mean printed at $n = d_k$ cannot tell it from $\frac{n-1}{d_k}$; the notes' pooled test
-# can. The delta rule recalls the newest pair exactly (asserted) and, averaged over seeds, stays
-# below linear attention at every $n$ from 2 on ($n = 1$: both exact), not at zero (section 3):
-# printed above. Single seeds can lose, and about one draw in nine at $d_k = 32$ recalls the pair
-# before the newest to within $10^{-3}$, while means of 8 draws stay above it (the notes).
-# Beyond capacity old pairs end above 1 (right panel). There each point is a mean of
-# `num_seeds` draws, and its zig-zag is seed noise (bands: one standard error of each mean; dotted:
-# linear attention's expectation, the same at every age, since every pair has $n - 1$ others).
-# Where one decay per channel beats one per head (facts kept long, a stream turned over fast):
-# the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# factor, $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values of mean square norm 1, is too
+# small for the mean printed at $n = d_k$ to show: the notes). The delta rule recalls the newest
+# pair exactly (asserted) and, averaged over seeds, better than linear attention at every $n$ from 2
+# on, not at zero (section 3): printed above (single seeds can lose: the notes). Beyond $n = d_k$
+# (more pairs than $d_k$ rows can hold exactly) the older half ends above 1, worse than returning
+# $\mathbf 0$ (printed; right panel: means of `num_seeds` draws, zig-zagging by seed noise, with
+# bands of one standard error; dotted: linear attention's expectation, alike at every age).
 #
 # ## Summary
 #
@@ -412,6 +411,7 @@ display(Markdown(f"Mean errors at $n = 1$: both at most {max(lin[0], delta_curve
 #   S^\top \mathbf k)^\top$, one SGD step, and overwrites; one pass is one Kaczmarz sweep.
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
 #   norm at most 1; `toy_kda` writes it in three lines per token, equal to `kda_lib`.
+# - Averaged over draws the delta rule recalls better than linear attention from two pairs on.
 #
 # ## Exercises
 #
