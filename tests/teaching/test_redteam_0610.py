@@ -503,6 +503,13 @@ def _vote_unnormalised(n, probs):
     return n * _solutions("08").vote_level(n, probs)
 
 
+def _vote_independent(n, probs):
+    """08.1's slip: P(largest count < k) as the product of the values' binomial P(count < k)."""
+    below = [[sum(math.comb(n, j) * q**j * (1 - q) ** (n - j) for j in range(k)) for q in probs]
+             for k in range(1, n + 1)]
+    return float(sum(1 - np.prod(b) for b in below) / n)
+
+
 def _random_pair(n, probs):
     """08.1's slip: guessing a random pair's value, right at its own pair or an equal value."""
     return 1 / n + (n - 1) / n * float(np.sum(np.square(probs)))
@@ -1518,8 +1525,9 @@ def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_08_2_and_08_3_hints_name_the_slip(seed):
     """Each slip the exercises name gets its own hint at every draw: 08.1's random pair, the
-    missing division by n and a simulation; 08.2's off-by-one at reach, the last push, values
-    for positions and the mask ignored."""
+    missing division by n, a simulation and independent counts; 08.2's off-by-one at reach, the
+    last push, values for positions, the mask ignored, nothing marked, the mask handed back and
+    empty stacks marked; 08.3's decays set to the wanted ratios."""
     named = [
         ("08.1", _random_pair, "a random pair's value"),
         ("08.1", _vote_unnormalised, "divides it by n_pairs"),
@@ -1529,9 +1537,19 @@ def test_08_2_and_08_3_hints_name_the_slip(seed):
         ("08.2", _beyond_by(last_push=True), "not the last push"),
         ("08.2", _beyond_by(by_value=True), "values repeat"),
         ("08.2", _beyond_by(masked=False), "the mask scores"),
+        # read s16, 7-10: the counts as independent binomials; an answer marking nothing or the
+        # mask itself (told so, not "the last push"); empties marked; D's decays the ratios
+        ("08.1", _vote_independent, "not independent"),
+        ("08.2", lambda inputs, mask, reach: np.zeros(np.shape(inputs), bool), "no position"),
+        ("08.2", lambda inputs, mask, reach: np.asarray(mask, bool), "the mask itself"),
+        ("08.2", lambda inputs, mask, reach: _beyond_by()(inputs, mask, reach) | (
+            np.asarray(mask, bool) & (_stack_sources(inputs) < 0)), "stack is empty"),
+        ("08.3", lambda lives: dict(_solutions("08").three_time_scales(lives), decays=sorted(
+            0.5 ** (1 / np.asarray(lives)))[::-1]), "not D's decays"),
     ]
     for eid, answer, words in named:
-        hint = exercises.verdict(eid, answer, seed=seed)
+        context = dict(half_lives=(1.0, 8.0, 64.0), length=256) if eid == "08.3" else {}
+        hint = exercises.verdict(eid, answer, seed=seed, **context)
         assert hint and words in hint and "check(..., seed=" in hint, (eid, words, hint)
 
 
