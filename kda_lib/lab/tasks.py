@@ -91,8 +91,8 @@ def _check_vocab(vocab_size: int, minimum: int, why: str) -> None:
 def mqar(key: jax.Array, batch: int, seq_len: int, *, vocab_size: int, num_pairs: int) -> TaskBatch:
     """Multi-query associative recall: read key/value pairs, then answer each key's value.
 
-    Vocabulary: token ``0`` is a filler; the other ids form a block of key tokens followed by a
-    block of value tokens (notebook 08's first exercise finds the split from drawn sequences).
+    Vocabulary: token ``0`` is a filler; the other ids form a block of key tokens,
+    ``1 .. (vocab_size - 1) // 2``, followed by a block of value tokens (the rest).
 
     Each sequence opens with ``num_pairs`` pairs ``k1 v1 k2 v2 ...`` (keys distinct within the
     sequence, drawn without replacement; values drawn uniformly with replacement). The rest,
@@ -277,9 +277,9 @@ def chance_loss(vocab_size: int) -> float:
 def chance_accuracy(task: str, **options) -> float:
     """Accuracy of guessing uniformly among the tokens a scored position can hold.
 
-    ``delayed_copy``: ``1 / vocab_size``; ``mqar``: one over the number of value tokens (their
-    count is notebook 08's first exercise); ``palindrome`` and ``stack``: ``1 / (vocab_size - 2)``
-    (content / pushed values). ``options`` are the task's (only
+    ``delayed_copy``: ``1 / vocab_size``; ``mqar``: one over the number of value tokens,
+    ``vocab_size - 1 - (vocab_size - 1) // 2``; ``palindrome`` and ``stack``:
+    ``1 / (vocab_size - 2)`` (content / pushed values). ``options`` are the task's (only
     ``vocab_size`` is read).
     """
     vocab_size = options.get("vocab_size")

@@ -1337,11 +1337,11 @@ def test_synthetic_recall_verdicts_as_notebook_08_states_them():
 
 
 def test_synthetic_recall_larger_families_through_the_library_as_notebook_08_reads_them():
-    """08 section 7's Reading, "in larger families ... stay ordered (notes; tested)" (moved off
-    the page, teacher s13 after, 3): the notebook's claims family, its 17 rows with MQAR and
-    palindrome kept and all 35 rows, through ``recall_sweep`` as the page builds them: 13 of the
-    35 ordered; against GDN and mamba2-style ordered in all three, KDA > GDN at 128 and
-    KDA > mamba2-style at 64, each in accuracy and beyond the conv reach."""
+    """08 section 7's Reading, "with MQAR and palindrome kept, or every row, the first two stay
+    ordered (printed)" (asserted on the page again, read s16, 3): the claims family, its 17 rows
+    with MQAR and palindrome kept and all 35 rows, through ``recall_sweep`` as the page builds
+    them: 13 of the 35 ordered; against GDN and mamba2-style ordered in all three, KDA > GDN at
+    128 and KDA > mamba2-style at 64, each in accuracy and beyond the conv reach."""
     from kda_lib.teaching import recall_sweep as rs
 
     sweep = _recorded("results", PROTOCOL_2_SWEEP)
