@@ -489,6 +489,28 @@ def _vote_float32(xp):
     return vote
 
 
+def _vote_float32_jnp(n, probs):
+    """:func:`_vote_float32`'s sums in jnp float32 (x64 off), one jitted program a size: eagerly
+    every k compiled its ops at their shapes (10 s of the test's 30)."""
+    return float(_vote_float32_program(n, jnp.asarray(probs, jnp.float32)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _vote_float32_program(n, probs):
+    f32, j = jnp.float32, jnp.arange(n + 1)
+    factorials = jnp.asarray([math.factorial(i) for i in range(n + 1)], f32)
+
+    def count(k, expected):  # f[r]: r draws among the values so far, each < k
+        def value(f, p_i):  # this value takes j < k draws: p_i^j / j!
+            w = jnp.where(j < k, p_i ** j.astype(f32) / factorials, f32(0))
+            return jnp.convolve(f, w)[: n + 1], None
+
+        f, _ = jax.lax.scan(value, jnp.zeros(n + 1, f32).at[0].set(1), probs)
+        return expected + f32(1) - f[n] * f32(math.factorial(n))
+
+    return jax.lax.fori_loop(1, n + 1, count, f32(0)) / f32(n)
+
+
 def _vote_sampled(n, probs, draws=200_000):
     """08.1 by simulation: the vote's mean accuracy over ``draws`` sequences (an estimate)."""
     values = np.random.default_rng(0).choice(len(probs), (draws, n), p=probs)
@@ -1034,10 +1056,13 @@ def _alternatives():
             rows = np.lib.stride_tricks.sliding_window_view(np.asarray(data, np.int64), k + 1)
 
             def entropy(x):
-                counts = xp.asarray(np.unique(x, axis=0, return_counts=True)[1], xp.float32)
-                p = counts / counts.sum()
-                return -(p * xp.log2(p)).sum()
+                return bits(xp.asarray(np.unique(x, axis=0, return_counts=True)[1], xp.float32))
             return float(entropy(rows) - (entropy(rows[:, :k]) if k else 0))
+
+        def bits(counts):
+            p = counts / counts.sum()
+            return -(p * xp.log2(p)).sum()
+        bits = jax.jit(bits) if xp is jnp else bits  # jnp: one program a count (eagerly: five)
         return bound
 
     def bound_scipy(data, k):  # scipy.stats.entropy per context, weighted (09.3 allows scipy)
@@ -1150,7 +1175,7 @@ def _alternatives():
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "Python floats and lists, math.fsum", vote_lists, {}),
         ("08.1", "the worked solution in float32 (numpy)", _vote_float32(np), {}),
-        ("08.1", "the worked solution in float32 (jnp, x64 off)", _vote_float32(jnp), {}),
+        ("08.1", "the worked solution in float32 (jnp, x64 off)", _vote_float32_jnp, {}),
         ("08.1", "the largest count's distribution, binomial splits value by value",
          vote_distribution, {}),
         ("08.2", "pure Python lists, 0 / 1 out", beyond_lists, {}),
