@@ -387,11 +387,11 @@ assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in v
 
 # %% [markdown]
 # ## Summary
-# - `ModelConfig(layers=...)` mixes KDA, MLA and MHA layers, each decoding from its own cache
-#   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's is
+# - `ModelConfig(layers=...)` mixes KDA, MLA and MHA layers, each decoding from its own cache (the
+#   hybrid's greedy decoding from caches = its full forward pass, asserted). Decode memory: KDA's is
 #   the same at every context; per token and global layer MHA's grows by $2 H d_k$ floats, MLA's by
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
-# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. The MLA
+# - **The question it cannot reach.** The global layer is for contexts far beyond 128 bytes. The MLA
 #   hybrid gains more than pure KDA from a copy 64 bytes back (+0.014 bpb of gain, 5 of 5 seeds;
 #   exploratory), yet scores the copy windows no better (+0.011 bpb, worse on 3 of 5): its controls
 #   score worse on average (+0.025, 4 of 5). All but GDN are shown to read beyond 32 bytes (GDN:
@@ -427,7 +427,7 @@ assert [round(x, 3) for x in (share[top], run_top, *(v["hybrid"].mean for v in v
 # 3. **Longer contexts.** Section 2's one-byte bound is the bits per byte of the best predictor of
 #    a byte from the one before, fitted on the data it scores. Write `context_bound(data, order)`
 #    (numpy or scipy, no kda_lib) for the `order` bytes before, scored on `data[order:]` (0 too).
-#    *Explain why* (open): why does it reach 0 as `order` grows; why is that no bound for a model?
+#    *Explain why* (open): why does it reach 0 as `order` grows; which models does it bound then?
 
 # %%
 mixers = configs["hybrid"].layer_mixers

@@ -75,12 +75,13 @@ def context_bound(data, order) -> float:
     ``order`` before them.
 
     Explain why (model answer): as order grows, fewer contexts repeat; once every context of
-    ``order`` bytes occurs once in ``data``, its next byte is certain and the bound is 0. It is a
-    bound only for predictors fitted to ``data`` itself: a model trained elsewhere cannot know
-    those frequencies, so the in-sample bound falls with order while no trained model follows it
-    (the recorded runs sit far above 0 at 128 bytes of context). Section 2's one-byte bound is
-    the order = 1 case, a fair yardstick only because its contexts are few (at most 256 byte values,
-    fewer of them in the text) and the frequent ones, which precede nearly every byte, are each seen
+    ``order`` bytes occurs once in ``data``, its next byte is certain and the bound is 0. It bounds
+    every predictor of a byte from at most ``order`` bytes before it, wherever it was fitted
+    (Gibbs' inequality), but not one that sees more bytes; only ``data``'s own frequencies reach
+    it, so at large order it is a bound of 0 that says nothing (the recorded runs, fitted
+    elsewhere, sit far above 0 at 128 bytes of context). Section 2's one-byte bound is the order =
+    1 case, a fair yardstick only because its contexts are few (at most 256 byte values, fewer of
+    them in the text) and the frequent ones, which precede nearly every byte, are each seen
     thousands of times."""
     data = bytes(np.asarray(data, np.uint8))
     pairs = Counter((data[t - order:t], data[t]) for t in range(order, len(data)))
