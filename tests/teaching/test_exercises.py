@@ -459,6 +459,29 @@ def test_01_1_a_write_before_the_decay_gets_a_hint_about_the_order():
         assert "decays first, then writes" in hint, (seed, hint)
 
 
+def test_09_1_a_count_that_drops_a_layer_count_is_refused_with_a_counting_hint():
+    """09.1 (teacher s16 final read): the notebook's CI hybrid has one layer of each kind, and the
+    four drawn hybrids all had one MLA layer at 1 seed in 81, so a count ignoring mla_layers
+    passed (seed 65 of 0-199); the ``off by one`` hint also went to counts wrong by far more whose
+    T happened to land within 1 on a drawn hybrid of small T. Now one drawn hybrid has >= 2 of
+    each layer and the largest T is checked first."""
+    shape = dict(kda_layers=1, mla_layers=1, heads=2, key_dim=16, kv_lora_rank=16, conv_size=4)
+
+    def count(per_kda, per_mla):  # the half context with the layer counts replaced
+        def half(kda, mla, h, d, r, w):
+            if not mla:
+                return float("inf")
+            fixed = per_kda(kda) * 4 * (h * d * d + 3 * max(w - 1, 0) * h * d)
+            return max(1, -(-fixed // (4 * per_mla(mla) * r)))
+        return half
+
+    one = lambda n: min(n, 1)  # noqa: E731 - the count that drops a layer count
+    for seed in range(120):
+        for answer in (count(one, lambda m: m), count(lambda k: k, one), count(one, one)):
+            hint = exercises.verdict("09.1", answer, seed=seed, shape=shape)
+            assert hint and "off by one" not in hint, (seed, hint)
+
+
 @pytest.mark.parametrize("xp", ["numpy", "jax.numpy"])
 def test_a_pair_returned_as_one_array_is_accepted(xp):
     """01.1's (lam, zeta_inf) and 02.2's (psi1, psi2), right, as one 2-element NumPy or jnp array

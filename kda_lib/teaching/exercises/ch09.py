@@ -18,9 +18,9 @@ def _kda_layer(heads, key_dim, conv_size) -> int:  # bytes of one KDA layer's de
     return 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
 
 
-def _drawn(rng) -> tuple:
+def _drawn(rng, least=1) -> tuple:
     """A hybrid drawn: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size), w >= 1."""
-    return (int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(1, 9)),
+    return (int(rng.integers(least, 8)), int(rng.integers(least, 4)), int(rng.integers(1, 9)),
             int(rng.choice([16, 32, 64, 128])), int(rng.integers(8, 600)), int(rng.integers(1, 6)))
 
 
@@ -36,10 +36,10 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
 def half_context(answer, rng, *, shape: dict):
     """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the least
     whole T >= 1 where MLA latents take at least half the cache (``math.inf`` without MLA); the
-    notebook's hybrid, four drawn (one with conv_size 1: no conv rows), none MLA, none KDA."""
-    models = [tuple(int(shape[n]) for n in _NAMES), _drawn(rng), _drawn(rng), _drawn(rng)]
+    notebook's hybrid, four drawn (one with >= 2 of each layer, one with w = 1), no MLA, no KDA."""
+    models = [tuple(int(shape[n]) for n in _NAMES), _drawn(rng), _drawn(rng, 2), _drawn(rng)]
     models += [(*_drawn(rng)[:5], 1), (models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
-    for model in models:
+    for model in sorted(models, key=lambda m: -_half(*m)):  # largest T first: fewest chance hints
         got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)",
                                    refuse=dict(shape=(), integer=True, what="T", allow_zeros=True,
                                                infinite=True))
