@@ -251,7 +251,8 @@ def plot_live_and_recorded(
     """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
     one), one y axis for all: validation bits per byte against steps, ``baseline`` (byte
     frequencies) dotted and, when given, ``bound`` (:func:`one_byte_bound`) dashed in every
-    panel."""
+    panel, labelled as of this run's validation bytes (it bounds one-byte models on all of them,
+    not on a panel's windows, nor on a record's other corpus)."""
     fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False,
                              sharey=True, layout="constrained")  # fmt: skip
     for ax, (title, models) in zip(axes[0], sources.items(), strict=True):
@@ -264,7 +265,7 @@ def plot_live_and_recorded(
             ax.text(
                 0.99,
                 bound,
-                "one-byte bound: no model of the previous byte alone goes below",
+                "one-byte bound: H(next | previous) of this run's validation bytes",
                 transform=ax.get_yaxis_transform(),
                 ha="right",
                 va="bottom",
