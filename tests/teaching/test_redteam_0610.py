@@ -906,6 +906,7 @@ def _alternatives():
         loss = -sum(p * math.log(p) for p in probs if p > 0)
         return [loss, max(probs)]
 
+    @jax.jit  # one program a length (eagerly: each op at each)
     def floor_jnp32(probs):
         p = jnp.asarray(probs, jnp.float32)
         return jnp.stack([-jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1)), 0)),
@@ -1012,6 +1013,7 @@ def _alternatives():
             out.append(marks)
         return out
 
+    @jax.jit  # one program a shape (eagerly: each op at each)
     def beyond_jnp(inputs, mask, reach):  # a jax.lax.scan over positions, a jnp bool array
         def step(state, token_t):
             buf, depth = state
