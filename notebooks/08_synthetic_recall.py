@@ -239,8 +239,8 @@ for t in seq_lens if "mqar" in tasks else []:
 # decay per head, no delta rule, $S_t = \alpha_t S_{t-1} + \mathbf k_t \mathbf v_t^\top$ with
 # $\mathbf q, \mathbf k$ L2-normalised, KDA's short convolutions (+ SiLU) on $\mathbf q, \mathbf k,
 # \mathbf v$, and no input-dependent step size on each write. Protocol (asserted; notes): per task
-# and mixer, the rate solving validation in fewest steps (else best in accuracy; section 3 reads
-# accuracy alone) on a seed never reported; then five fresh seeds, shared by every mixer, each
+# and mixer, the rate solving validation in fewest steps (else in accuracy to 3 decimals, then
+# loss; section 3: accuracy) on a seed never reported; then five fresh seeds, shared by every mixer,
 # scored once on test; a run stops when validation reaches `solved`; only **complete** cells (best
 # rate inside its grid, five seeds) compared. **Sizes are not matched** (printed): KDA's is the
 # largest. Paper's Fig. 4 (sec. 5.1): $T$ = 256 to 2048, up to 20000 steps; here 64, 128, 2000.
@@ -398,7 +398,7 @@ assert read["means at 2d"] == {"kda": 0.16, "gdn": 0.17, "mamba2": 0.57}  # 18 -
 #   mamba2-style's (T = 64) in every family printed (exploratory), but size and mixer are not
 #   separated: claim A is untested at matched size. *Not shown* on palindrome (KDA rising on 7 of 10
 #   runs); no verdict on MQAR (its ceiling); claim B (T = 64) *not shown*.
-# - Heads of $d_k$ = 8 (section 8): runs >= 0.87 below $d_k$ pairs; at $2 d_k$ KDA's and GDN's means
+# - Section 8 ($d_k$ = 8): recurrent runs >= 0.87 below $d_k$ pairs; at $2 d_k$ KDA and GDN means
 #   are about the vote level (no key binding shown), mamba2-style's above; KDA's at 32 near chance.
 #
 # ## Exercises
