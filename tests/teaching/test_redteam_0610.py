@@ -1554,7 +1554,7 @@ def test_08_2_and_08_3_hints_name_the_slip(seed):
     """Each slip the exercises name gets its own hint at every draw: 08.1's random pair, the
     missing division by n, a simulation and independent counts; 08.2's off-by-one at reach, the
     last push, values for positions, the mask ignored, nothing marked, the mask handed back and
-    empty stacks marked; 08.3's decays set to the wanted ratios."""
+    empty stacks marked; 08.3's decays set to the wanted ratios, and A right with q off."""
     named = [
         ("08.1", _random_pair, "a random pair's value"),
         ("08.1", _vote_unnormalised, "divides it by n_pairs"),
@@ -1573,6 +1573,12 @@ def test_08_2_and_08_3_hints_name_the_slip(seed):
             np.asarray(mask, bool) & (_stack_sources(inputs) < 0)), "stack is empty"),
         ("08.3", lambda lives: dict(_solutions("08").three_time_scales(lives), decays=sorted(
             0.5 ** (1 / np.asarray(lives)))[::-1]), "not D's decays"),
+        # final s16, 3: A's eigenvalues right, q of unit length or fitted without beta (it was
+        # told to fix the eigenvalues); the eigenvalue hint stays for a wrong A
+        *[("08.3", lambda lives, f=f: (lambda h: dict(h, q=f(h)))(_solutions(
+            "08").three_time_scales(lives)), "q is off") for f in (
+            lambda h: np.divide(h["q"], np.linalg.norm(h["q"])), lambda h: np.divide(
+                h["q"], h["beta"]))],
     ]
     for eid, answer, words in named:
         context = dict(half_lives=(1.0, 8.0, 64.0), length=256) if eid == "08.3" else {}
