@@ -415,6 +415,35 @@ def test_00_the_scale_and_the_write_readers_get_their_own_hints():
         assert "passes through the transitions of the tokens after it" in hint, (seed, hint)
 
 
+def test_00_autodiff_of_ones_own_step_is_refused(monkeypatch):
+    """00.1 and 00.2 (teacher final s16): the vector to read is the transposed step applied to q;
+    JAX's autodiff of the student's own step (jax.vjp here) would transpose it for them, and is
+    refused with the autodiff hint, as in 04 and 05; without the refusal the same answer is right
+    (the worked solutions, numpy and float32 jnp, pass: the cases)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib.teaching.exercises import ch00
+
+    def by_vjp(read, q, k, v, g, beta):  # the step written out, its transpose left to jax.vjp
+        k, v, g, beta = (*map(np.atleast_2d, (k, v, g)), np.atleast_1d(beta))
+
+        def output(S):
+            for t in range(len(beta)):
+                S = jnp.exp(g[t])[:, None] * S
+                S = S + beta[t] * jnp.outer(k[t], v[t] - k[t] @ S)
+            return S.T @ q / np.sqrt(len(q))
+
+        const, pull = jax.vjp(output, jnp.zeros((len(q), v.shape[1])))
+        return read(np.asarray(pull(jnp.eye(v.shape[1])[0])[0][:, 0])) + np.asarray(const)
+
+    for exercise_id in ("00.1", "00.2"):
+        hint = exercises.verdict(exercise_id, by_vjp, seed=0)
+        assert "runs JAX's autodiff" in hint, (exercise_id, hint)
+    monkeypatch.setattr(ch00, "AUTODIFF", {})
+    assert [exercises.verdict(i, by_vjp, seed=0) for i in ("00.1", "00.2")] == [None, None]
+
+
 def test_01_1_the_worked_loop_runs_well_inside_the_time_limit():
     """01.1's worked solution one point at a time (``np.vectorize`` of arithmetic only) at the
     checker's last trial, the GRID^2 points with the watch on: under a quarter of TIME_LIMIT_S of

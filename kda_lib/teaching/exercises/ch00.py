@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kda_lib.teaching import exercises as ex
+from kda_lib.teaching.exercises.ch04 import AUTODIFF  # jax.vjp of one's own step: refused
 
 
 @ex.machinery
@@ -13,8 +14,7 @@ def _memory(state):
     calls = []
 
     def read(vec):
-        vec = np.asarray(vec, np.float64)
-        if vec.shape != (state.shape[0],):
+        if (vec := np.asarray(vec, np.float64)).shape != (state.shape[0],):
             raise ValueError(f"read takes one vector of {state.shape[0]} numbers, got {vec.shape}")
         calls.append(vec)
         return state.T @ vec
@@ -46,7 +46,7 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
                             rng.uniform(0.1, 0.9, T))
         read, calls = _memory(state)
         given = (q, k, v, g, beta) if many else (q, k[0], v[0], g[0], float(beta[0]))
-        got, hint = ex.call_answer(answer, read, *(np.copy(a) for a in given), name=name)
+        got, hint = ex.call_answer(answer, read, *map(np.copy, given), name=name, refused=AUTODIFF)
         if not hint and len(calls) > 1:
             return (f"your function read the memory {len(calls)} times: the output needs one "
                     "read of the old state, along one vector (which?)")
