@@ -388,7 +388,7 @@ newest, second = by_age["delta rule"][:2]
 old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
 assert newest < 1e-12, "beta = 1: the newest pair is recalled exactly"
 below = int(np.sum(delta_curve[1:] < lin[1:]))  # n = 2 .. max_pairs
-display(Markdown(f"Mean errors at $n = 1$: both at most {max(lin[0], delta_curve[0]):.0e}; at "
+display(Markdown(f"Mean errors at $n = 1$: {lin[0]:.0e} and {delta_curve[0]:.0e} (rounding); at "
     f"$n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention; expected {expected:.2f}), "
     f"{delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: {lin[-1]:.2f}, "
     f"{delta_curve[-1]:.2f}. The delta rule's mean is the lower at {below} of the {max_pairs - 1} "
