@@ -70,7 +70,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import kda_lib.teaching.notebook
-from kda_lib.ops.api import select_implementation
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, viz
 from kda_lib.testing import CHIP_FLOAT32_ATOL, assert_close
@@ -92,19 +91,11 @@ key_q, key_k, key_v, key_f, key_beta, key_a, key_dt = jax.random.split(key, 7)
 # \mathbb R^{d_k}$ (unit length), a value $\mathbf v_t \in \mathbb R^{d_v}$, a per-channel log
 # decay $\mathbf g_t \le 0$ ($\mathbf g_t \in \mathbb R^{d_k}$) and a write strength
 # $\beta_t \in [0, 1]$. Batched, the arrays are `q, k, g: [B, T, H, K]`, `v: [B, T, H, V]`,
-# `beta: [B, T, H]`. It keeps a state $S_t \in \mathbb R^{d_k \times d_v}$ per head and computes
-#
-# $$
-# S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) \operatorname{diag}(e^{\mathbf g_t})
-#   S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top, \qquad
-# \mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}
-# $$
-#
-# (notebook 01 derives it). In a model, $\mathbf g_t$ comes from a raw projection $\mathbf f_t$ of
-# the input through `kda_gate`, $\mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t +
-# \mathbf b)$, with a learned rate $a_h$ per head (stored as its log, `a_log`; fla's `A_log`) and
-# bias $\mathbf b$ per channel (`dt_bias`, stored flat as `[H * K]`, printed below as `(H, K)`);
-# here $\mathbf f$ is random and the parameters are at their initial values.
+# `beta: [B, T, H]`. It keeps a state $S_t \in \mathbb R^{d_k \times d_v}$ per head (keys index
+# its rows, values its columns). Each token moves it three times and then reads it: decay each row
+# by its gate, erase what the state holds along $\mathbf k_t$, write $\beta_t \mathbf k_t
+# \mathbf v_t^\top$, read with $\mathbf q_t$. The figure after the next cell draws one such step
+# on the inputs drawn there (head 0, token 10), and asserts that it is the kernel's.
 
 # %%
 q = l2_normalize(jax.random.normal(key_q, shape_qk))
@@ -122,16 +113,40 @@ for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, a_log=a_log, dt_bias=bias_h
 assert float(g.max()) <= 0.0, "log-space decay must be <= 0"
 _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5, name="|k|")
 
+# %% tags=["hide-input"]
+t_shown = min(10, seq_len - 1)  # the token pictured: head 0 of sequence 0
+inputs = (q, k, v, g, beta)
+_, s_before = kda_lib.kda_recurrent(*(a[:, :t_shown] for a in inputs), output_final_state=True)
+_, s_after = kda_lib.kda_recurrent(*(a[:, :t_shown + 1] for a in inputs), output_final_state=True)
+fig, s_drawn = viz.one_step(s_before[0, 0], *(a[0, t_shown, 0] for a in inputs))
+fig.suptitle(f"One step of KDA: head 0, token t = {t_shown}")
+viz.show(fig, "00_quickstart_one_step")
+_ = assert_close(s_drawn, s_after[0, 0], name="the pictured step = kda_recurrent's state")
+
+# %% [markdown]
+# In symbols, the three moves and the read are
+#
+# $$
+# S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) \operatorname{diag}(e^{\mathbf g_t})
+#   S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top, \qquad
+# \mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}
+# $$
+#
+# (notebook 01 derives them). In a model, $\mathbf g_t$ comes from a raw projection $\mathbf f_t$ of
+# the input through `kda_gate`, $\mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t +
+# \mathbf b)$, with a learned rate $a_h$ per head (stored as its log, `a_log`; fla's `A_log`) and
+# bias $\mathbf b$ per channel (`dt_bias`, stored flat as `[H * K]`, printed above as `(H, K)`);
+# here $\mathbf f$ is random and the parameters are at their initial values.
+
 # %% [markdown]
 # ## 2. Two forms and the entry point, one answer
 #
 # `kda_recurrent` scans over tokens; `kda_chunked` processes `chunk_size` tokens at a time with
-# matrix products (notebook 03 derives it); `kda(...)` runs the one you name, or with
-# `implementation="auto"` picks among the implementations for the platform and input size (on a TPU
-# at these sizes the Pallas kernel `pallas_tpu`; this page never calls `auto`: the cell prints its
-# picks, the notebook notes give the rule). Here `kda` is told to run the chunked form and to apply
-# the gate itself: it takes the raw $\mathbf f$ with `a_log` and `dt_bias` (the switch
-# `use_gate_in_kernel=True` and the `jax.jit` wrappers: the notes).
+# matrix products (notebook 03 derives it); `kda(...)` runs the form you name
+# (`implementation="auto"` picks one for the platform and size: the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00)).
+# Here `kda` runs the chunked form and applies the gate itself: it takes the raw $\mathbf f$ with
+# `a_log` and `dt_bias`.
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -146,11 +161,6 @@ o_kda, state_kda = kda(
     output_final_state=True, chunk_size=chunk_size, implementation="chunked",
 )
 
-sizes = dict(batch=batch, seq_len=seq_len, num_heads=num_heads, key_dim=key_dim,
-             value_dim=value_dim)
-picks = [select_implementation(**sizes, dtype=q.dtype, fused_gate=True, differentiated=grad)
-         for grad in (False, True)]
-print(f"auto on {jax.default_backend()} here: {picks[0]} forward, {picks[1]} under jax.grad")
 print("outputs     ", o_rec.shape, o_rec.dtype)
 print("final state ", state_rec.shape, state_rec.dtype)
 rows = [("kda_chunked", o_chk, state_chk), ("kda (chunked, gate inside)", o_kda, state_kda)]
@@ -185,22 +195,17 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # %% [markdown]
 # ## 4. How close to exact?
 #
-# The oracle is `kda_recurrent` itself run in float64 (on the host's CPU: a TPU has no float64
-# arithmetic of its own): the same code, so it measures rounding, not the formula (notebook 01
-# checks the formula against a NumPy loop). On a CPU both float32 forms should differ from it by
-# float32 rounding, and not more: each transition has norm at most 1 (notebook 01) and the gate
-# decays the state, so older rounding does not grow, and the per-token error levels off after
-# about 20 tokens (the figure). The yardstick is `np.finfo(np.float32).eps` $= 2^{-23}$, float32's
-# **machine epsilon** (the gap between 1 and the next float32); one rounding errs by at most half
-# of it, relative, the **unit roundoff** $2^{-24}$. The cell prints the larger of the two forms'
-# errors in machine epsilons of the largest output, and how far the two forms are from each
-# other. On a CPU the assert allows 8 epsilons; at the defaults the printed figure lay between 1
-# and 3 at seeds 0 to 40 (larger sizes: the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00)).
-# On a TPU both forms sit farther from the oracle, by about the same amount, while staying within
-# a few epsilons of each other (printed there; the cause was not isolated), and the assert allows
-# the test suite's chip tolerance instead (where it comes from, and the v5e's runs of this page:
-# the notes).
+# The oracle is `kda_recurrent` itself run in float64 (on the host's CPU): the same code, so it
+# measures rounding, not the formula (notebook 01 checks the formula against a NumPy loop). On a
+# CPU both float32 forms should differ from it by float32 rounding, and not more: each transition
+# has norm at most 1 (notebook 01) and the gate decays the state, so older rounding does not grow,
+# and the per-token error levels off after about 20 tokens (the figure below). The yardstick is
+# `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine epsilon** (the gap between 1 and
+# the next float32); one rounding errs by at most half of it, relative, the **unit roundoff**
+# $2^{-24}$. The cell prints the larger of the two forms' errors in machine epsilons of the
+# largest output, and how far the two forms are from each other. The assert allows 8 epsilons; at
+# the defaults the printed figure stayed under 3 at seeds 0 to 40 (on a TPU the assert uses the
+# suite's chip tolerance: the notes).
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
@@ -245,7 +250,7 @@ viz.show(fig, "00_quickstart_precision")
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - On a CPU the largest error of both float32 forms from the float64 oracle is under 8 float32
 #   machine epsilons ($2^{-23}$ each) times the oracle's largest $|o|$ (asserted; section 4 prints
-#   this run's figure, and the notes measured it between 1 and 3 at the defaults, seeds 0 to 40);
+#   this run's figure, and the notes measured it under 3 at the defaults, seeds 0 to 40);
 #   on a TPU it is within the suite's chip tolerance (asserted).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the

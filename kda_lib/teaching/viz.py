@@ -560,3 +560,44 @@ def clearing_paths(p: int, conv_size: int, delay: int, seq_len: int) -> plt.Figu
     ax.set_yticklabels(["tokens", "after layer 0\n(layer 1's input)", "after layer 1"])
     ax.grid(False)
     return fig
+
+
+def one_step(state, q, k, v, g, beta) -> tuple[plt.Figure, np.ndarray]:
+    """Notebook 00's picture of one KDA step on one head's state ``[K, V]`` (``q, k, g``: ``[K]``,
+    ``v``: ``[V]``, ``beta`` a number): top, the state after each move (decay the rows by
+    ``e^g``, erase along ``k``, write ``beta k v^T``); below, what each move changed; under the
+    new state, the read ``S_t^T q / sqrt(K)``. Returns the figure and the new state."""
+    state, q, k, v, g = (np.asarray(a, np.float64) for a in (state, q, k, v, g))
+    decayed = np.exp(g)[:, None] * state
+    erased = decayed - beta * np.outer(k, k @ decayed)
+    written = erased + beta * np.outer(k, v)
+    tops = [(state, "$S_{t-1}$"),
+            (decayed, r"1. decay each row: $\mathrm{diag}(e^{\mathbf{g}_t})\,\cdot$"),
+            (erased, r"2. erase along $\mathbf{k}_t$: $(I - \beta_t \mathbf{k}_t "
+                     r"\mathbf{k}_t^\top)\,\cdot$"),
+            (written, r"3. write $+\,\beta_t \mathbf{k}_t \mathbf{v}_t^\top$: $S_t$")]
+    fig, axes = plt.subplots(3, 4, figsize=(13, 5.6), height_ratios=[1, 1, 0.16],
+                             layout="constrained")
+    changes = [b - a for (a, _), (b, _) in zip(tops, tops[1:], strict=False)]
+    lim, dlim = np.abs(state).max(), max(np.abs(c).max() for c in changes)
+    for i, (panel, title) in enumerate(tops):
+        top = heatmap(axes[0, i], panel, title=title, xlabel="",
+                      ylabel="key channel (K)" * (i == 0), cbar_label="",
+                      vmin=-lim, vmax=lim, diverging=True, colorbar=False)
+    for i, change in enumerate(changes, start=1):
+        low = heatmap(axes[1, i], change, title="what it changed", xlabel="value channel (V)",
+                      ylabel="", cbar_label="", vmin=-dlim, vmax=dlim, diverging=True,
+                      colorbar=False)
+    axes[1, 0].axis("off")
+    axes[1, 0].text(0.5, 0.5, "top: the state after each move\n\nbottom: what the move changed"
+                    "\n(its own colour scale)", ha="center", va="center", fontsize=10)
+    fig.colorbar(top, ax=axes[0], shrink=0.9, label="state entry")
+    fig.colorbar(low, ax=axes[1], shrink=0.9, label="change")
+    read = written.T @ q / np.sqrt(len(q))
+    heatmap(axes[2, 3], read[None], title=r"4. read $\mathbf{o}_t = S_t^\top \mathbf{q}_t "
+            r"/ \sqrt{d_k}$ (own scale)", xlabel="value channel (V)", ylabel="", cbar_label="",
+            diverging=True, colorbar=False)
+    axes[2, 3].set_yticks([])
+    for ax in axes[2, :3]:
+        ax.axis("off")
+    return fig, written

@@ -188,12 +188,15 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     # max|o| failed at 5 of 12 seeds): 141 epsilons of max|o| = 0.393, over 7 times below 5e-5
     page = " ".join(re.sub(r"\n# ?", " ", source).split())
     assert "141" not in source and "2026-12-06-notebooks.json" not in source
-    assert "and the v5e's runs of this page: the notes" in page
+    # teacher final s16, 00 defects 1-2: the page keeps one clause on the chip's tolerance; what
+    # the chip printed, and why, lives in the notes
+    assert "on a TPU the assert uses the suite's chip tolerance: the notes" in page
     assert "It was a run of an earlier version of the page" in notes and "3cbd10b" in notes
     # teacher s16, defect 2: the page's own v5e run at fffd39d (page and kda_lib unchanged since)
     # printed the same gap; the notes quote its executed copy, and the page says it in words
     assert "(the larger: 141.3 eps; absolute 6.6e-06)" in notes and "fffd39d" in notes
-    assert "On a TPU both forms sit farther from the oracle" in page
+    assert "On a TPU both forms sit farther from the oracle" in notes
+    assert "On a TPU both forms" not in page and "pallas_tpu" not in page
     assert "max|o| = 0.393 (the defaults, seed 0" in notes and "over 7 times below" in notes
     assert int(eps) * 2.0**-23 * 0.393 < CHIP_FLOAT32_ATOL / 7
     assert not re.search(r"assert .*CHIP_FLOAT32_ATOL ==", source)
@@ -248,7 +251,8 @@ def test_00_section_4_figure_between_1_and_3_and_flat_along_the_sequence():
         assert abs(e[-250:].mean() / e[25:275].mean() - 1) < 0.2
     page = " ".join(re.sub(r"\n# ?", " ", (NOTEBOOK_DIR / "00_quickstart.py").read_text()).split())
     notes = " ".join((NOTEBOOK_DIR.parent / "docs" / "NOTEBOOK_NOTES.md").read_text().split())
-    assert page.count("between 1 and 3") == 2 and "between 1 and 2" not in page
+    # teacher final s16, 00 defect 3: the lower end is an accident of the compiled program
+    assert page.count("under 3") == 2 and "between 1 and 3" not in page
     assert "over seeds 0 to 40 it was 1.1 (seed 27) to 2.7 (seed 35)" in notes
 
 
