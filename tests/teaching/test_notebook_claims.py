@@ -181,6 +181,11 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     assert "7568792" in notes and "not measured alone" in notes
     assert "NOTEBOOK_NOTES.md#notebook-00" in source and "7568792" not in source  # notes cite it
     assert "2026-12-06-notebooks.json" in notes
+    for commit in ("fffd39d", "4101091"):  # the latest runs keep the printed lines the notes quote
+        (printed,) = [n["printed"] for r in record["runs"] if r["commit"] == commit
+                      for n in r["notebooks"] if n["notebook"] == "00_quickstart"]
+        assert any("(the larger: 141.3 eps; absolute 6.6e-06)" in line for line in printed)
+        assert commit in notes
     assert 'CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu"' in source
     # the notes state the record, a run of an earlier version of the page (teacher s15 re-read
     # of 00-01, #4: moved off the page, which keeps a one-clause pointer and no printed line),
