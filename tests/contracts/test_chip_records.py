@@ -35,3 +35,5 @@ def test_the_readme_quotes_the_chips_records():
     assert f"`make test-tpu` passed {passed} of {passed} at commit {run['commit']}" in readme
     notebooks = json.loads((TESTS / "2026-12-06-notebooks.json").read_text())["summary"]
     assert notebooks["every_notebook_ran_to_the_end"] and "each of the 11 notebooks" in readme
+    for commit in set(notebooks["latest_run_of_each"].values()):  # the README names the latest runs
+        assert commit in readme, commit
