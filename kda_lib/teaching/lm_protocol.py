@@ -99,6 +99,9 @@ def gap_beyond(
     (:func:`kda_lib.lab.significance.compare`: mean, 95% interval, seeds on each side)."""
     def excess(r):
         bits = np.asarray(r["test"]["bits_by_position"], float)
+        if not 0 <= start < split < bits.size:
+            raise ValueError(f"gap_beyond needs 0 <= start < split < T: start={start}, "
+                             f"split={split}, T={bits.size}")
         return bits[split:].mean() - bits[start:split].mean()
 
     beyond = by_seed(runs, excess, [model, *others])
@@ -143,7 +146,8 @@ def probe_against(runs: dict, models, other: str) -> dict:
 
 def brief(c: Comparison) -> str:
     """``"+0.011 [-0.014, +0.037] bpb, higher on 3 of 5 seeds, level after Holm"``: a paired
-    difference in short, with its verdict in its family."""
+    difference of a Holm family (:func:`kda_lib.lab.significance.compare_family`'s, as
+    :func:`probe_against` gives) in short, with its verdict in that family."""
     verdict = "level" if c.verdict == "level" else "ordered"
     return (f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}] bpb, higher on {c.above} of {c.n} seeds, "
             f"{verdict} after Holm")

@@ -579,7 +579,9 @@ def one_step(state, q, k, v, g, beta) -> tuple[plt.Figure, np.ndarray]:
     fig, axes = plt.subplots(3, 4, figsize=(13, 5.6), height_ratios=[1, 1, 0.16],
                              layout="constrained")
     changes = [b - a for (a, _), (b, _) in zip(tops, tops[1:], strict=False)]
-    lim, dlim = np.abs(state).max(), max(np.abs(c).max() for c in changes)
+    # one scale over all four states (a zero S_{t-1}, the first token, has none of its own)
+    lim = max(np.abs(panel).max() for panel, _ in tops) or 1.0
+    dlim = max(np.abs(c).max() for c in changes) or 1.0
     for i, (panel, title) in enumerate(tops):
         top = heatmap(axes[0, i], panel, title=title, xlabel="",
                       ylabel="key channel (K)" * (i == 0), cbar_label="",

@@ -198,3 +198,14 @@ def test_live_record_keeps_the_recorded_parameters_and_each_trained_model():
                                             decode=[1])}
     assert (record["corpus"], record["unigram_bpb"]) == ({"files": 2}, 4.5)
 
+
+
+@pytest.mark.parametrize("split, start", [(12, 2), (8, 8), (20, 2)])
+def test_gap_beyond_refuses_a_split_outside_the_positions(split, start):
+    """Engineer s16, 4: a split at or past T, or a start not before it, is refused by name (it
+    was a NaN mean)."""
+    runs, _ = lm_protocol.seed_runs(_record(seeds=(0, 1, 2)), min_seeds=3)
+    for r in runs["kda"]:
+        r.update(test=dict(bits_by_position=[4.0] * 12))
+    with pytest.raises(ValueError, match="start < split < T"):
+        lm_protocol.gap_beyond(runs, "kda", ["kda"], split=split, start=start)

@@ -22,3 +22,15 @@ def test_one_step_draws_the_recurrences_next_state():
     titles = [ax.get_title() for ax in fig.axes]
     assert sum("decay" in t or "erase" in t or "write" in t or "read" in t for t in titles) == 4
     viz.plt.close(fig)
+
+
+def test_one_step_scales_its_states_by_all_four_and_draws_a_zero_state():
+    """Engineer s16, 1: the colour range covers every drawn state (S_t larger than S_{t-1} is not
+    clipped), and a zero S_{t-1} (the first token) still has a range."""
+    k = np.array([1.0, 0.0, 0.0])
+    for state in (np.zeros((3, 2)), np.full((3, 2), 0.01)):
+        fig, new = viz.one_step(state, k, k, np.array([4.0, -3.0]), np.zeros(3), 1.0)
+        for image in [im for ax in fig.axes[:4] for im in ax.get_images()]:
+            low, high = image.get_clim()
+            assert low < 0 < high and max(-low, high) >= np.abs(new).max()
+        viz.plt.close(fig)
